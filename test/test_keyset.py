@@ -1,0 +1,340 @@
+# Owner(s): ["module: dispatch"]
+"""Tests for torch_cachepolicy.keyset and its C++ helper torch_cachepolicy._C.
+
+The C++ batch (``_C.kernel_masks``) and the pure-Python fallback
+(``keyset._python_mask``) must give the same answer for every operator the
+process knows, so either can back a cache policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch._C import DispatchKey
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+from torch_cachepolicy import keyset
+
+_C: ModuleType | None
+try:
+    # Imported directly rather than through keyset._ext, which is None when
+    # TORCH_CACHEPOLICY_FORCE_PYTHON is set even though the helper is built.
+    from torch_cachepolicy import _C  # type: ignore[attr-defined,no-redef]
+except ImportError:
+    _C = None
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NO_CPP_REASON = (
+    "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), "
+    "so there is no C++ answer to compare with the Python fallback"
+)
+KEY_INTS = [int(k) for k in keyset.KEYS]
+
+# A namespace of our own covers registrations that aten never makes: a
+# Python-registered Meta kernel, a register_fake-only operator, a
+# CompositeImplicitAutograd-only operator, a non-default overload, a
+# torch.library.custom_op, and a kernel with no schema at all.
+NS = "_cachepolicy_keyset_test"
+_LIB = torch.library.Library(NS, "FRAGMENT")
+_LIB.define("meta_op(Tensor x) -> Tensor")
+_LIB.define("meta_op.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.impl("meta_op", lambda x: x.clone(), "CPU")
+_LIB.impl("meta_op", lambda x: torch.empty_like(x), "Meta")
+_LIB.define("fake_only(Tensor x) -> Tensor")
+torch.library.register_fake(
+    f"{NS}::fake_only", lambda x: torch.empty_like(x), lib=_LIB
+)
+_LIB.define("cia_op(Tensor x) -> Tensor")
+_LIB.impl("cia_op", lambda x: x + 1, "CompositeImplicitAutograd")
+# impl() without def(): the dispatcher lists it, but it has no schema.
+_LIB.impl("impl_only", lambda x: x, "CPU")
+
+
+@torch.library.custom_op(f"{NS}::custom", mutates_args=(), device_types="cpu")
+def _custom(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+def _has_schema(name: str) -> bool:
+    base, _, overload = name.partition(".")
+    try:
+        torch._C._dispatch_find_schema_or_throw(base, overload)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _render(keys: frozenset[DispatchKey]) -> str:
+    return ", ".join(sorted(k.name for k in keys))
+
+
+@contextlib.contextmanager
+def _use_backend(backend: str) -> Iterator[None]:
+    """Points keyset at one backend for the duration, then restores it."""
+    saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+    try:
+        if backend == "cpp":
+            if _C is None:
+                raise unittest.SkipTest(NO_CPP_REASON)
+            keyset._ext = _C
+        else:
+            keyset._ext = None
+            keyset._fallback_reason = "test_keyset forces the fallback"
+        with warnings.catch_warnings():
+            # The once-only fallback warning is tested on its own below.
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        keyset._ext, keyset._fallback_reason, keyset._warned = saved
+
+
+class TestKeysetParity(TestCase):
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    def test_every_registered_operator(self) -> None:
+        """C++ and Python masks agree for every operator in the dispatcher."""
+        assert _C is not None
+        names = sorted(torch._C._dispatch_get_all_op_names())
+        with_schema = [n for n in names if _has_schema(n)]
+        # aten alone has thousands; far fewer means the listing broke.
+        self.assertGreater(len(with_schema), 1000)
+        for ours in ("meta_op", "meta_op.out", "fake_only", "cia_op", "custom"):
+            self.assertIn(f"{NS}::{ours}", with_schema)
+
+        cpp = _C.kernel_masks(with_schema, KEY_INTS)
+        python = [keyset._python_mask(n) for n in with_schema]
+        self.assertEqual(len(cpp), len(with_schema))
+        mismatches = [
+            (n, _render(keyset.keys_from_mask(c)), _render(keyset.keys_from_mask(p)))
+            for n, c, p in zip(with_schema, cpp, python)
+            if c != p
+        ]
+        self.assertEqual(mismatches, [])
+
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    def test_schemaless_operators_rejected_by_both(self) -> None:
+        """An impl() with no def() is an error on both paths, not an empty mask."""
+        assert _C is not None
+        schemaless = [
+            n for n in torch._C._dispatch_get_all_op_names() if not _has_schema(n)
+        ]
+        self.assertIn(f"{NS}::impl_only", schemaless)
+        for name in schemaless:
+            with self.assertRaisesRegex(RuntimeError, "no schema"):
+                _C.kernel_masks([name], KEY_INTS)
+            with self.assertRaises(RuntimeError):
+                keyset._python_mask(name)
+
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    @parametrize("key", keyset.KEYS, name_fn=lambda k: k.name)
+    def test_single_key_matches_torch_binding(self, key: DispatchKey) -> None:
+        """One key at bit 0 gives torch's _dispatch_has_kernel_for_dispatch_key answer."""
+        assert _C is not None
+        names = [n for n in torch._C._dispatch_get_all_op_names() if _has_schema(n)]
+        masks = _C.kernel_masks(names, [int(key)])
+        expected = [
+            int(torch._C._dispatch_has_kernel_for_dispatch_key(n, key)) for n in names
+        ]
+        self.assertEqual(masks, expected)
+
+
+class TestKeyset(TestCase):
+    @parametrize("backend", ["cpp", "python"])
+    def test_custom_namespace(self, backend: str) -> None:
+        """Kernels registered through torch.library show up under the right keys."""
+        with _use_backend(backend):
+            got = {
+                name: _render(keyset.kernel_keys(f"{NS}::{name}"))
+                for name in ("meta_op", "meta_op.out", "fake_only", "cia_op", "custom")
+            }
+        self.assertEqual(
+            got,
+            {
+                "meta_op": "CPU, Meta",
+                # Overloads are separate dispatcher entries: nothing registered.
+                "meta_op.out": "",
+                # register_fake installs a Meta kernel in the dispatcher.
+                "fake_only": "Meta",
+                "cia_op": "CompositeImplicitAutograd",
+                "custom": "Autograd, CPU, Meta",
+            },
+        )
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_linear_rendering(self, backend: str) -> None:
+        """aten::linear decomposes (CIA) and has its own autograd formula."""
+        with _use_backend(backend):
+            by_overload = keyset.kernel_keys(torch.ops.aten.linear.default)
+            by_name = keyset.kernel_keys("aten::linear")
+        self.assertEqual(by_overload, by_name)
+        self.assertExpectedInline(
+            _render(by_overload), """Autograd, CompositeImplicitAutograd"""
+        )
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_batch_keeps_order(self, backend: str) -> None:
+        """kernel_keys_many answers in input order, duplicates included."""
+        names = ["aten::add.Tensor", "aten::linear", "aten::add.Tensor", f"{NS}::cia_op"]
+        with _use_backend(backend):
+            got = [_render(k) for k in keyset.kernel_keys_many(names)]
+            self.assertEqual(keyset.kernel_keys_many([]), [])
+        self.assertExpectedInline(
+            "\n".join(f"{n}: {k}" for n, k in zip(names, got)),
+            """\
+aten::add.Tensor: Autograd, CPU, CompositeExplicitAutogradNonFunctional, Meta
+aten::linear: Autograd, CompositeImplicitAutograd
+aten::add.Tensor: Autograd, CPU, CompositeExplicitAutogradNonFunctional, Meta
+_cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
+        )
+
+    def test_keys_from_mask_round_trip(self) -> None:
+        """Bit i of a mask stands for KEYS[i], and nothing past len(KEYS)."""
+        self.assertEqual(len(set(keyset.KEYS)), len(keyset.KEYS))
+        for bit, key in enumerate(keyset.KEYS):
+            self.assertEqual(keyset.keys_from_mask(1 << bit), frozenset({key}))
+        full = (1 << len(keyset.KEYS)) - 1
+        self.assertEqual(keyset.keys_from_mask(full), frozenset(keyset.KEYS))
+        self.assertEqual(keyset.keys_from_mask(1 << len(keyset.KEYS)), frozenset())
+
+    @parametrize(
+        "name",
+        [
+            "aten::definitely_not_an_op",
+            "aten::add.NoSuchOverload",
+            # The default overload's dispatcher name is empty, not "default".
+            "aten::linear.default",
+            "add.Tensor",
+            "aten::add.Tensor.extra",
+            "",
+            f"{NS}::impl_only",
+        ],
+        name_fn=lambda n: n.replace(":", "_").replace(".", "_") or "empty",
+    )
+    @parametrize("backend", ["cpp", "python"])
+    def test_unknown_operator(self, backend: str, name: str) -> None:
+        """An unknown operator or overload is a ValueError that names it."""
+        with _use_backend(backend):
+            with self.assertRaises(ValueError) as ctx:
+                keyset.kernel_keys(name)
+            # A bad name in the middle of a batch fails the whole batch.
+            with self.assertRaises(ValueError):
+                keyset.kernel_keys_many(["aten::add.Tensor", name, "aten::linear"])
+        self.assertIn(name, str(ctx.exception))
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_wrong_types(self, backend: str) -> None:
+        """Non-strings and a bare string for a batch are TypeErrors, never a crash."""
+        with _use_backend(backend):
+            for bad in (42, None, b"aten::add.Tensor", DispatchKey.CPU):
+                with self.assertRaisesRegex(TypeError, "expected an OpOverload"):
+                    keyset.kernel_keys(bad)  # type: ignore[arg-type]
+            with self.assertRaisesRegex(TypeError, "sequence of"):
+                keyset.kernel_keys_many("aten::add.Tensor")
+            with self.assertRaisesRegex(TypeError, "sequence of"):
+                keyset.kernel_keys_many(["aten::add.Tensor", 3])  # type: ignore[list-item]
+            # An OpOverloadPacket is not one operator: which overload is meant?
+            with self.assertRaises(TypeError):
+                keyset.kernel_keys(torch.ops.aten.add)  # type: ignore[arg-type]
+
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    def test_extension_rejects_bad_keys(self) -> None:
+        """The C++ side checks its key list instead of trusting the caller."""
+        assert _C is not None
+        with self.assertRaisesRegex(RuntimeError, "at most 63"):
+            _C.kernel_masks(["aten::add.Tensor"], [int(DispatchKey.CPU)] * 64)
+        end = max(int(k) for k in DispatchKey.__members__.values())
+        for bad in (-1, end + 1, 1 << 20):
+            with self.assertRaisesRegex(RuntimeError, "not a c10::DispatchKey"):
+                _C.kernel_masks(["aten::add.Tensor"], [bad])
+        with self.assertRaises(TypeError):
+            _C.kernel_masks("aten::add.Tensor", KEY_INTS)
+        with self.assertRaises(TypeError):
+            _C.kernel_masks(["aten::add.Tensor"], [1 << 70])
+        # Undefined is a legal key that never has a kernel, as in torch.
+        self.assertEqual(_C.kernel_masks(["aten::add.Tensor"], [0]), [0])
+        self.assertEqual(_C.kernel_masks(["aten::add.Tensor"], []), [0])
+
+
+class TestFallback(TestCase):
+    def test_warns_once_in_process(self) -> None:
+        """With the helper gone, the first query warns and later ones stay quiet."""
+        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        try:
+            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            self.assertEqual(keyset.backend(), "python")
+            with self.assertWarnsRegex(UserWarning, "because a test"):
+                keyset.kernel_keys("aten::add.Tensor")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                keyset.kernel_keys_many(["aten::linear", "aten::add.Tensor"])
+            self.assertEqual(caught, [])
+        finally:
+            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+
+    def test_forced_by_environment(self) -> None:
+        """TORCH_CACHEPOLICY_FORCE_PYTHON=1 at import selects the fallback and warns once."""
+        script = textwrap.dedent(
+            """
+            import json, warnings
+            import torch
+            from torch_cachepolicy import keyset
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                add = keyset.kernel_keys("aten::add.Tensor")
+                many = keyset.kernel_keys_many(["aten::linear", "aten::relu"])
+                keyset.kernel_keys(torch.ops.aten.mm.default)
+            print(json.dumps({
+                "backend": keyset.backend(),
+                "warnings": [str(w.message) for w in caught],
+                "add": sorted(k.name for k in add),
+                "linear": sorted(k.name for k in many[0]),
+                "relu": sorted(k.name for k in many[1]),
+            }))
+            """
+        )
+        env = dict(os.environ, TORCH_CACHEPOLICY_FORCE_PYTHON="1")
+        # The checkout must win over any other installed copy.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(result["backend"], "python")
+        self.assertEqual(len(result["warnings"]), 1, result["warnings"])
+        self.assertIn("TORCH_CACHEPOLICY_FORCE_PYTHON is set", result["warnings"][0])
+        self.assertTrue({"CPU", "Meta", "Autograd"} <= set(result["add"]), result["add"])
+        self.assertIn("CompositeImplicitAutograd", result["linear"])
+        self.assertNotIn("CPU", result["linear"])
+        self.assertNotIn("CompositeImplicitAutograd", result["relu"])
+        self.assertIn("CPU", result["relu"])
+
+
+instantiate_parametrized_tests(TestKeysetParity)
+instantiate_parametrized_tests(TestKeyset)
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,32 @@
+"""Per-instance FakeTensor dispatch caching of backend operators, chosen by a policy.
+
+Example::
+
+    import torch_cachepolicy as tcp
+
+    policy = tcp.CachePolicy(namespaces=["quantized_decomposed"])
+    with tcp.FakeTensorMode(cache_policy=policy) as mode:
+        ...
+    print(mode.cache_report())
+"""
+
+from torch_cachepolicy._compat import check_torch_internals
+
+check_torch_internals()
+
+from torch_cachepolicy.mode import CrosscheckError, FakeTensorMode  # noqa: E402
+from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
+from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
+from torch_cachepolicy.store import CacheStore  # noqa: E402
+
+__all__ = [
+    "BUILTIN_NAMESPACES",
+    "CacheDecision",
+    "CachePolicy",
+    "CacheReport",
+    "CacheStore",
+    "CrosscheckError",
+    "FakeTensorMode",
+    "OpReport",
+]
+__version__ = "0.1.0"

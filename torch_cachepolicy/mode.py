@@ -1,0 +1,450 @@
+"""``torch_cachepolicy.FakeTensorMode``: stock FakeTensorMode plus a cache policy."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._higher_order_ops.utils import registered_hop_fake_fns
+from torch._ops import HigherOrderOperator, OpOverload
+from torch._subclasses import fake_tensor as _ft
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import (
+    DispatchCacheInfo,
+    FakeTensor,
+    _BypassDispatchCache,
+    _DispatchCacheBypassEntry,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
+from torch_cachepolicy.report import CacheReport, OpStats
+from torch_cachepolicy.store import CacheStore, _Partition, _Table, evict_when_collected
+
+__all__ = ["CrosscheckError", "FakeTensorMode"]
+
+_StockMode = _ft.FakeTensorMode
+_fake_registry = torch._library.simple_registry.singleton
+
+# Routes: which storage a dispatch of an operator uses.
+_STOCK = 0  # policy-independent: torch's own storage (or the store when isolated)
+_POLICY = 1  # admitted only by the policy: the store, with the extra safety checks
+_BYPASS = 2  # the policy does not admit it: never looked up anywhere
+
+# The sub-table of an isolated store that holds policy-independent entries.
+_STOCK_SUB = ("stock",)
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_NO_RULES: Mapping[object, Any] = {}
+
+
+class CrosscheckError(RuntimeError):
+    """A cache hit differed from an uncached dispatch of the same call."""
+
+
+def _fake_kernel(func: OpOverload) -> object:
+    # Note [Entries belong to a fake kernel]
+    # A backend may re-register an op's fake impl (a newer library version,
+    # a test that swaps it). Entries computed by the old kernel must not
+    # answer for the new one, so the kernel's function selects the sub-table.
+    # Holding the function keeps it alive only as long as the store.
+    holder = _fake_registry.get(func._schema.name)
+    if holder is None:
+        return None
+    kernel = holder.fake_impl.kernel
+    return None if kernel is None else kernel.func
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class FakeTensorMode(_StockMode):
+    """A ``FakeTensorMode`` whose dispatch cache follows a :class:`CachePolicy`.
+
+    Backend operators the policy admits are cached in this mode's
+    :class:`CacheStore`, never in torch's class-global cache. Nothing global
+    in torch is changed: ``torch._library.utils.is_builtin``,
+    ``FakeTensorMode.cache`` and the class counters are left alone (stock
+    entries of aten ops are shared with torch's storage, exactly as a stock
+    mode shares them, unless the store is isolated).
+
+    Args:
+        cache_policy: which operators to cache; ``None`` means
+            ``CachePolicy()``, which caches what stock caches.
+        cache_store: where policy-dependent entries live; ``None`` gives this
+            mode a private store that dies with it. Pass one store to several
+            modes to share entries.
+        cache_crosscheck: re-run every hit uncached and compare, aliasing
+            included. ``None`` follows
+            ``torch._dynamo.config.fake_tensor_cache_crosscheck_enabled``.
+        **kwargs: every keyword argument of torch's ``FakeTensorMode``.
+    """
+
+    # Note [HOPs under a subclass]
+    # HigherOrderOperator.dispatch looks up `python_key_table[type(mode)]` by
+    # exact type, so rules registered for torch's FakeTensorMode (cond,
+    # while_loop, ..., and HOPs defined after we are imported) are invisible
+    # to a subclass. With this flag the HOP calls our __torch_dispatch__,
+    # which forwards to the rule registered for the stock class. No HOP's
+    # table is modified.
+    supports_higher_order_operators = True
+
+    def __init__(
+        self,
+        *,
+        cache_policy: CachePolicy | None = None,
+        cache_store: CacheStore | None = None,
+        cache_crosscheck: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._cache_policy = _check_policy("FakeTensorMode(cache_policy=...)", cache_policy)
+        if cache_store is None:
+            cache_store = CacheStore()
+        elif not isinstance(cache_store, CacheStore):
+            raise TypeError(
+                "FakeTensorMode(cache_store=...): expected a torch_cachepolicy.CacheStore, "
+                f"got {type(cache_store).__name__}"
+            )
+        self._cache_store = cache_store
+        if cache_crosscheck is not None:
+            if not isinstance(cache_crosscheck, bool):
+                raise TypeError("FakeTensorMode(cache_crosscheck=...): expected a bool or None")
+            self.cache_crosscheck_enabled = cache_crosscheck
+        self._stats: dict[object, OpStats] = {}
+        self._synced_identity: object = None
+        self._partition: _Partition = cache_store._partition(None)
+        self._routes: dict[object, tuple[int, str, bool]] = {}
+        self._has_context = False
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def cache_policy(self) -> CachePolicy:
+        """The policy consulted on every dispatch; may be replaced."""
+        return self._cache_policy
+
+    @cache_policy.setter
+    def cache_policy(self, policy: CachePolicy | None) -> None:
+        self._cache_policy = _check_policy("FakeTensorMode.cache_policy = ...", policy)
+        self._synced_identity = None
+
+    @property
+    def cache_store(self) -> CacheStore:
+        """The store holding this mode's policy-dependent entries."""
+        return self._cache_store
+
+    def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
+        """Hits, misses and bypasses of this instance; size of its store."""
+        bypasses: dict[str, int] = {}
+        for stats in self._stats.values():
+            for reason, n in stats.bypasses.items():
+                bypasses[reason] = bypasses.get(reason, 0) + n
+        return DispatchCacheInfo(
+            sum(s.hits for s in self._stats.values()),
+            sum(s.misses for s in self._stats.values()),
+            bypasses,
+            len(self._cache_store),
+        )
+
+    def cache_report(self) -> CacheReport:
+        """Per-operator hits, misses and bypass reasons of this instance."""
+        return CacheReport.from_stats(self._stats)
+
+    def cache_clear(self) -> None:  # type: ignore[override]
+        """Resets this instance's counters and drops the entries of its policy
+        partition. torch's storage and other partitions are left alone."""
+        self._stats = {}
+        self._cache_store._drop_partition(self._cache_policy.identity)
+        self._synced_identity = None
+
+    # ------------------------------------------------------------- dispatch
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[object] = (),
+        kwargs: Mapping[str, object] | None = None,
+    ) -> object:
+        # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule
+        # (HOPs like cond, and a few OpOverloads such as _tensor_version)
+        # get that rule, called as stock's dispatcher would call it.
+        handler = getattr(func, "python_key_table", _NO_RULES).get(_StockMode)
+        if handler is not None and not _redirects_to_mode(func, handler):
+            return handler(self, *args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs or {})
+
+    def _cached_dispatch_impl(
+        self,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> object:
+        if self._cache_policy._identity is not self._synced_identity:
+            self._sync_policy()
+        route = self._routes.get(func)
+        if route is None:
+            route = self._route(func)
+        kind = route[0]
+        stats = self._stats.get(func)
+        if stats is None:
+            stats = self._stats[func] = OpStats()
+
+        if kind == _BYPASS:
+            stats.bypass(route[1])
+            return self._dispatch_impl(func, types, args, kwargs)
+
+        state = _CacheKeyState(self.shape_env)
+        try:
+            key = self._cache_key(state, func, args, kwargs)
+        except _BypassDispatchCache as e:
+            stats.bypass(e.reason)
+            return self._dispatch_impl(func, types, args, kwargs)
+
+        on_shape_env = state.cache_on_shape_env()
+        table: dict[Any, Any]
+        if kind == _POLICY:
+            table = self._policy_table(func, state.shape_env if on_shape_env else None)
+        elif self._cache_store._isolated:
+            table = self._partition.table(_STOCK_SUB, state.shape_env if on_shape_env else None)
+        elif on_shape_env:
+            assert state.shape_env is not None
+            table = state.shape_env.fake_tensor_cache
+        else:
+            table = _StockMode.cache
+
+        entry = table.get(key)
+        if entry is not None:
+            if isinstance(entry, _DispatchCacheBypassEntry):
+                stats.bypass(entry.reason)
+                return self._dispatch_impl(func, types, args, kwargs)
+            output = self._output_from_cache_entry(state, entry, key, func, args)
+            stats.hits += 1
+            if self.cache_crosscheck_enabled:
+                self._crosscheck(output, func, types, args, kwargs)
+            return output
+
+        output = self._dispatch_impl(func, types, args, kwargs)
+        try:
+            if kind == _POLICY:
+                _check_backend_call(state, func, args, output, explicit=route[2])
+            entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
+        except _BypassDispatchCache as e:
+            stats.bypass(e.reason)
+            entry = _DispatchCacheBypassEntry(e.reason)
+        else:
+            stats.misses += 1
+        if on_shape_env:
+            # Entries must not keep a ShapeEnv alive (torch does the same).
+            key.strip_shape_env()
+        table[key] = entry
+        if isinstance(table, _Table) and isinstance(func, HigherOrderOperator):
+            for leaf in pytree.tree_leaves((args, kwargs)):
+                owner = _id_hashed_owner(leaf)
+                if owner is not None:
+                    evict_when_collected(owner, table, key)
+        return output
+
+    def _validate_cache_key(
+        self, func: OpOverload, args: Sequence[object], kwargs: Mapping[str, object]
+    ) -> None:
+        # Note [Reusing torch's validation]
+        # Stock validation ends with "non-builtin" (is_builtin) followed by the
+        # CompositeImplicitAutograd-view check. For an op the policy admits we
+        # accept that one reason and nothing else: every earlier check (tags,
+        # lift ops, unsafe view, ...) has already run, and the CIA-view check
+        # is part of the policy's structural decision (Note [Structural checks]).
+        try:
+            super()._validate_cache_key(func, args, kwargs)
+        except _BypassDispatchCache as e:
+            route = self._routes.get(func)
+            if e.reason != "non-builtin" or route is None or route[0] != _POLICY:
+                raise
+
+    # --------------------------------------------------------------- helpers
+
+    def _sync_policy(self) -> None:
+        policy = self._cache_policy
+        identity = policy._identity
+        self._partition = self._cache_store._partition(identity)
+        self._routes = {}
+        self._has_context = policy.has_context
+        self._synced_identity = identity
+
+    def _route(self, func: object) -> tuple[int, str, bool]:
+        if not isinstance(func, OpOverload):
+            # HOPs and anything else torch routes here: torch's own rules.
+            return (_STOCK, "", False)
+        policy = self._cache_policy
+        decision = policy.decide(func)
+        if not decision.cacheable:
+            route = (_BYPASS, decision.label, False)
+        elif func.namespace in BUILTIN_NAMESPACES:
+            route = (_STOCK, decision.label, decision.explicit)
+        else:
+            route = (_POLICY, decision.label, decision.explicit)
+        if func in policy._decisions:
+            self._routes[func] = route
+        return route
+
+    def _policy_table(self, func: OpOverload, shape_env: Any) -> _Table:
+        context: Hashable = None
+        if self._has_context:
+            try:
+                context = self._cache_policy.context_key()
+            except Exception as e:
+                raise RuntimeError(
+                    f"{self._cache_policy!r}.context_key() raised while dispatching {func}: {e!r}"
+                ) from e
+        try:
+            return self._partition.table((context, _fake_kernel(func)), shape_env)
+        except TypeError:
+            raise TypeError(
+                f"{self._cache_policy!r}.context_key() returned an unhashable "
+                f"{type(context).__name__} while dispatching {func}; return a hashable "
+                "value such as a tuple or a string"
+            ) from None
+
+    def _crosscheck(
+        self,
+        output: object,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> None:
+        with _ft.disable_fake_tensor_cache(self):
+            try:
+                expected = self._dispatch_impl(func, types, args, kwargs)
+            except Exception as e:
+                raise CrosscheckError(
+                    f"FakeTensorMode cache crosscheck: {func} raised when dispatched "
+                    f"uncached after a hit: {e!r}"
+                ) from e
+        try:
+            _assert_same_output(expected, output, args)
+        except AssertionError as e:
+            raise CrosscheckError(
+                f"FakeTensorMode cache crosscheck: the cached output of {func} differs "
+                f"from an uncached dispatch: {e}"
+            ) from e
+
+
+def _check_policy(api: str, policy: object) -> CachePolicy:
+    if policy is None:
+        return CachePolicy()
+    if not isinstance(policy, CachePolicy):
+        raise TypeError(
+            f"{api}: expected a torch_cachepolicy.CachePolicy, got {type(policy).__name__}"
+        )
+    return policy
+
+
+def _redirects_to_mode(func: object, handler: object) -> bool:
+    # Such rules call mode.__torch_dispatch__ straight back (the cached
+    # path of HOPs registered with register_fake); forwarding would recurse.
+    return func in registered_hop_fake_fns or getattr(handler, "__qualname__", "") == (
+        "redirect_to_mode.<locals>.impl"
+    )
+
+
+def _id_hashed_owner(leaf: object) -> object | None:
+    """The object whose id torch put in a key (see FakeTensorMode._prep_args_for_hash)."""
+    from torch._higher_order_ops.auto_functionalize import FunctionalCallableWithEpilogue
+    from torch._higher_order_ops.utils import SubgraphCallableWrapper
+
+    if isinstance(leaf, torch.fx.GraphModule):
+        return leaf
+    if isinstance(leaf, SubgraphCallableWrapper):
+        return leaf.subgraph
+    if isinstance(leaf, FunctionalCallableWithEpilogue):
+        return leaf.orig_callable
+    return None
+
+
+def _check_backend_call(
+    state: _CacheKeyState,
+    func: OpOverload,
+    args: Sequence[object],
+    output: object,
+    *,
+    explicit: bool,
+) -> None:
+    """Safety checks for ops outside aten/prim/prims that no policy overrides.
+
+    Note [Why backend ops need more checks than aten]
+    torch's entry validation leans on aten's tags and schemas being right.
+    Custom ops carry no tags and their fake kernels are unchecked, so:
+    a bare SymInt output is cached as a constant (stock returns early), which
+    would replay one unbacked symbol for every call; an output that shares an
+    input's storage without the schema saying so comes back unaliased from a
+    hit; a mutating op returning None would skip its kernel (and its checks)
+    on a hit; and a view schema with several tensor args trips an assertion
+    in the entry builder. Each raises _BypassDispatchCache here instead.
+    """
+    schema = func._schema
+    if schema.is_mutable and not explicit:
+        raise _BypassDispatchCache("mutates an argument (allow it with register_op)")
+    if func.is_view and sum(isinstance(a, torch.Tensor) for a in args) != 1:
+        raise _BypassDispatchCache("view op with several tensor arguments")
+    outputs = output if isinstance(output, tuple) else (output,)
+    tracing = torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None
+    for out in outputs:
+        if isinstance(out, _SYM_TYPES):
+            if tracing:
+                raise _BypassDispatchCache("Proxy mode with SymNode output")
+            if not out.node.expr.free_symbols <= state.known_symbols:
+                raise _BypassDispatchCache("unbacked symbol in scalar output")
+    input_storages = {
+        _storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)
+    }
+    if not input_storages:
+        return
+    for i, out in enumerate(outputs):
+        if isinstance(out, FakeTensor) and _storage_id(out) in input_storages:
+            declared = i < len(schema.returns) and schema.returns[i].alias_info is not None
+            if not declared:
+                raise _BypassDispatchCache("output aliases an input without a schema annotation")
+
+
+def _alias_signature(value: object, args: Sequence[object]) -> list[tuple[int, ...]]:
+    """For each tensor in ``value``, the positions of inputs sharing its storage."""
+    inputs = [(i, a) for i, a in enumerate(pytree.tree_leaves(args)) if isinstance(a, torch.Tensor)]
+    signature = []
+    for out in pytree.tree_leaves(value):
+        if isinstance(out, torch.Tensor):
+            sid = _storage_id(out)
+            signature.append(tuple(i for i, a in inputs if _storage_id(a) == sid))
+    return signature
+
+
+def _assert_same_output(expected: object, actual: object, args: Sequence[object]) -> None:
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    act_leaves, act_spec = pytree.tree_flatten(actual)
+    if exp_spec != act_spec:
+        raise AssertionError(f"structure {act_spec} != {exp_spec}")
+    for e, a in zip(exp_leaves, act_leaves):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"expected a Tensor, got {type(a).__name__}")
+            _ft.assert_metadata_eq(_ft.assert_eq, e, a)
+        elif isinstance(e, _SYM_TYPES):
+            if type(e) is not type(a) or e.node is not a.node:  # type: ignore[union-attr]
+                raise AssertionError(f"symbolic value {a} != {e}")
+        elif type(e) is not type(a) or e != a:
+            raise AssertionError(f"value {a!r} != {e!r}")
+    exp_alias, act_alias = _alias_signature(expected, args), _alias_signature(actual, args)
+    if exp_alias != act_alias:
+        raise AssertionError(
+            f"aliasing differs: outputs share storage with inputs {act_alias}, "
+            f"uncached {exp_alias}"
+        )
+
+
+# Keep mypy honest about the base class we extend.
+_: type[TorchDispatchMode] = FakeTensorMode

@@ -1,0 +1,88 @@
+"""Per-operator cache statistics of one mode, and their rendering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CacheReport", "OpReport", "OpStats"]
+
+
+class OpStats:
+    """Mutable counters of one operator in one mode (the hit path bumps these)."""
+
+    __slots__ = ("bypasses", "hits", "misses")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.bypasses: dict[str, int] = {}
+
+    def bypass(self, reason: str) -> None:
+        self.bypasses[reason] = self.bypasses.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class OpReport:
+    """Hits, misses and bypasses (by reason) of one operator."""
+
+    op: str
+    hits: int
+    misses: int
+    bypasses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.op.split("::", 1)[0] if "::" in self.op else "(hop)"
+
+    @property
+    def calls(self) -> int:
+        return self.hits + self.misses + sum(self.bypasses.values())
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """A snapshot of :meth:`FakeTensorMode.cache_report`, ops sorted by name."""
+
+    ops: tuple[OpReport, ...]
+
+    @classmethod
+    def from_stats(cls, stats: dict[object, OpStats]) -> CacheReport:
+        rows = [
+            OpReport(_op_name(op), s.hits, s.misses, dict(sorted(s.bypasses.items())))
+            for op, s in stats.items()
+        ]
+        return cls(tuple(sorted(rows, key=lambda r: r.op)))
+
+    def by_namespace(self) -> dict[str, tuple[int, int, int]]:
+        """``{namespace: (hits, misses, bypasses)}``."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for r in self.ops:
+            h, m, b = out.get(r.namespace, (0, 0, 0))
+            out[r.namespace] = (h + r.hits, m + r.misses, b + sum(r.bypasses.values()))
+        return dict(sorted(out.items()))
+
+    def __getitem__(self, op: object) -> OpReport:
+        name = _op_name(op)
+        for r in self.ops:
+            if r.op == name:
+                return r
+        raise KeyError(f"CacheReport: {name} was not dispatched by this mode")
+
+    def __str__(self) -> str:
+        if not self.ops:
+            return "(no dispatches)"
+        width = max(len(r.op) for r in self.ops)
+        lines = [f"{'op':<{width}}  hits  misses  bypasses"]
+        for r in self.ops:
+            why = ", ".join(f"{k}: {v}" for k, v in r.bypasses.items())
+            lines.append(f"{r.op:<{width}}  {r.hits:>4}  {r.misses:>6}  {why}".rstrip())
+        return "\n".join(lines)
+
+
+def _op_name(op: object) -> str:
+    name = getattr(op, "name", None)
+    if callable(name):
+        n = name()
+        overload = getattr(op, "_overloadname", None)
+        return f"{n}.{overload}" if overload and "." not in n else str(n)
+    return str(op)

@@ -1,0 +1,131 @@
+"""``CacheStore``: where a policy mode keeps the entries that depend on its policy."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import _DispatchCacheEntry, _DispatchCacheKey
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+__all__ = ["CacheStore"]
+
+
+class _Table(dict["_DispatchCacheKey", "_DispatchCacheEntry"]):
+    """One dict of entries; weak-referenceable so a GraphModule's finalizer can
+    evict its keys without keeping the table (or the store) alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _evict(table_ref: weakref.ref[_Table], key: _DispatchCacheKey) -> None:
+    table = table_ref()
+    if table is not None:
+        table.pop(key, None)
+
+
+class _Partition:
+    """The entries made under one policy identity.
+
+    Note [Sub-tables]
+    Entries of backend ops depend on more than the stock key: on the policy's
+    context value and on the fake kernel that computed them. Rather than
+    widening every key (rehashing a long tuple on each hit), they go into a
+    sub-table per (context, kernel); a re-registered kernel or a new context
+    simply selects another, empty, sub-table. Keys that hold symbols live in
+    sub-tables per ShapeEnv, held weakly, as torch keeps them on the ShapeEnv.
+    """
+
+    __slots__ = ("_lock", "shape_env_tables", "tables")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tables: dict[Hashable, _Table] = {}
+        self.shape_env_tables: weakref.WeakKeyDictionary[ShapeEnv, dict[Hashable, _Table]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def table(self, sub: Hashable, shape_env: ShapeEnv | None) -> _Table:
+        if shape_env is None:
+            table = self.tables.get(sub)
+            if table is None:
+                table = self.tables.setdefault(sub, _Table())
+            return table
+        with self._lock:
+            per_env = self.shape_env_tables.get(shape_env)
+            if per_env is None:
+                per_env = self.shape_env_tables[shape_env] = {}
+            table = per_env.get(sub)
+            if table is None:
+                table = per_env[sub] = _Table()
+            return table
+
+    def all_tables(self) -> Iterator[_Table]:
+        yield from list(self.tables.values())
+        with self._lock:
+            envs = [list(t.values()) for t in self.shape_env_tables.values()]
+        for tables in envs:
+            yield from tables
+
+
+class CacheStore:
+    """Private FakeTensor cache storage for one or more policy modes.
+
+    Every mode has one; pass the same store to several modes (for example the
+    two modes an ExportPass can end up with) to share entries. Sharing is safe
+    across different policies because entries are partitioned by policy
+    identity (``CachePolicy.identity``).
+
+    Args:
+        isolated: keep *every* entry here. By default, entries of ops that
+            stock torch caches anyway (aten, prim, prims, HOPs) do not depend
+            on the policy and are shared with torch's own storage, exactly as
+            a stock mode shares them; an isolated store keeps those private
+            too, at the cost of recomputing what other modes already know.
+    """
+
+    def __init__(self, *, isolated: bool = False) -> None:
+        if not isinstance(isolated, bool):
+            raise TypeError("CacheStore(isolated=...): expected a bool")
+        self._isolated = isolated
+        self._lock = threading.Lock()
+        self._partitions: dict[Hashable, _Partition] = {}
+
+    @property
+    def isolated(self) -> bool:
+        """Whether entries of builtin ops stay private too."""
+        return self._isolated
+
+    def _partition(self, identity: Hashable) -> _Partition:
+        part = self._partitions.get(identity)
+        if part is None:
+            with self._lock:
+                part = self._partitions.setdefault(identity, _Partition())
+        return part
+
+    def _drop_partition(self, identity: Hashable) -> None:
+        with self._lock:
+            self._partitions.pop(identity, None)
+
+    def clear(self) -> None:
+        """Drops every entry of every partition."""
+        with self._lock:
+            self._partitions = {}
+
+    def __len__(self) -> int:
+        """The number of entries, negative ones included, in all partitions."""
+        return sum(len(t) for p in list(self._partitions.values()) for t in p.all_tables())
+
+    def __repr__(self) -> str:
+        return (
+            f"CacheStore(isolated={self._isolated}, partitions={len(self._partitions)}, "
+            f"entries={len(self)})"
+        )
+
+
+def evict_when_collected(owner: object, table: _Table, key: _DispatchCacheKey) -> None:
+    """Drops ``key`` from ``table`` once ``owner`` (a GraphModule) is collected."""
+    weakref.finalize(owner, _evict, weakref.ref(table), key)
