@@ -44,12 +44,13 @@ NO_CPP_REASON = (
     "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), "
     "so there is no C++ answer to compare with the Python fallback"
 )
-KEY_INTS = [int(k) for k in keyset.KEYS]
+KEY_INTS = [k.value for k in keyset.KEYS]
 
 # A namespace of our own covers registrations that aten never makes: a
 # Python-registered Meta kernel, a register_fake-only operator, a
-# CompositeImplicitAutograd-only operator, a non-default overload, a
-# torch.library.custom_op, and a kernel with no schema at all.
+# CompositeImplicitAutograd-only operator, a non-default overload and a
+# torch.library.custom_op. These stay for the whole session; they are ordinary
+# operators that no other test can trip over.
 NS = "_cachepolicy_keyset_test"
 _LIB = torch.library.Library(NS, "FRAGMENT")
 _LIB.define("meta_op(Tensor x) -> Tensor")
@@ -57,18 +58,31 @@ _LIB.define("meta_op.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
 _LIB.impl("meta_op", lambda x: x.clone(), "CPU")
 _LIB.impl("meta_op", lambda x: torch.empty_like(x), "Meta")
 _LIB.define("fake_only(Tensor x) -> Tensor")
-torch.library.register_fake(
-    f"{NS}::fake_only", lambda x: torch.empty_like(x), lib=_LIB
-)
+torch.library.register_fake(f"{NS}::fake_only", lambda x: torch.empty_like(x), lib=_LIB)
 _LIB.define("cia_op(Tensor x) -> Tensor")
 _LIB.impl("cia_op", lambda x: x + 1, "CompositeImplicitAutograd")
-# impl() without def(): the dispatcher lists it, but it has no schema.
-_LIB.impl("impl_only", lambda x: x, "CPU")
+IMPL_ONLY = f"{NS}::impl_only"
 
 
 @torch.library.custom_op(f"{NS}::custom", mutates_args=(), device_types="cpu")
 def _custom(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
+
+
+@contextlib.contextmanager
+def _impl_only_operator() -> Iterator[str]:
+    """Registers a kernel with no schema (impl() without def()) for the duration.
+
+    The dispatcher lists such an entry among all operators, but it is a
+    dangling impl that other code walking the dispatcher would trip over, so it
+    is removed again afterwards.
+    """
+    lib = torch.library.Library(NS, "FRAGMENT")
+    try:
+        lib.impl("impl_only", lambda x: x, "CPU")
+        yield IMPL_ONLY
+    finally:
+        lib._destroy()
 
 
 def _has_schema(name: str) -> bool:
@@ -121,7 +135,7 @@ class TestKeysetParity(TestCase):
         self.assertEqual(len(cpp), len(with_schema))
         mismatches = [
             (n, _render(keyset.keys_from_mask(c)), _render(keyset.keys_from_mask(p)))
-            for n, c, p in zip(with_schema, cpp, python)
+            for n, c, p in zip(with_schema, cpp, python, strict=True)
             if c != p
         ]
         self.assertEqual(mismatches, [])
@@ -130,15 +144,17 @@ class TestKeysetParity(TestCase):
     def test_schemaless_operators_rejected_by_both(self) -> None:
         """An impl() with no def() is an error on both paths, not an empty mask."""
         assert _C is not None
-        schemaless = [
-            n for n in torch._C._dispatch_get_all_op_names() if not _has_schema(n)
-        ]
-        self.assertIn(f"{NS}::impl_only", schemaless)
-        for name in schemaless:
-            with self.assertRaisesRegex(RuntimeError, "no schema"):
-                _C.kernel_masks([name], KEY_INTS)
-            with self.assertRaises(RuntimeError):
-                keyset._python_mask(name)
+        with _impl_only_operator():
+            schemaless = [
+                n for n in torch._C._dispatch_get_all_op_names() if not _has_schema(n)
+            ]
+            self.assertIn(IMPL_ONLY, schemaless)
+            for name in schemaless:
+                with self.assertRaisesRegex(RuntimeError, "no schema"):
+                    _C.kernel_masks([name], KEY_INTS)
+                with self.assertRaises(RuntimeError):
+                    keyset._python_mask(name)
+        self.assertNotIn(IMPL_ONLY, torch._C._dispatch_get_all_op_names())
 
     @unittest.skipIf(_C is None, NO_CPP_REASON)
     @parametrize("key", keyset.KEYS, name_fn=lambda k: k.name)
@@ -146,7 +162,7 @@ class TestKeysetParity(TestCase):
         """One key at bit 0 gives torch's _dispatch_has_kernel_for_dispatch_key answer."""
         assert _C is not None
         names = [n for n in torch._C._dispatch_get_all_op_names() if _has_schema(n)]
-        masks = _C.kernel_masks(names, [int(key)])
+        masks = _C.kernel_masks(names, [key.value])
         expected = [
             int(torch._C._dispatch_has_kernel_for_dispatch_key(n, key)) for n in names
         ]
@@ -189,12 +205,17 @@ class TestKeyset(TestCase):
     @parametrize("backend", ["cpp", "python"])
     def test_batch_keeps_order(self, backend: str) -> None:
         """kernel_keys_many answers in input order, duplicates included."""
-        names = ["aten::add.Tensor", "aten::linear", "aten::add.Tensor", f"{NS}::cia_op"]
+        names = [
+            "aten::add.Tensor",
+            "aten::linear",
+            "aten::add.Tensor",
+            f"{NS}::cia_op",
+        ]
         with _use_backend(backend):
             got = [_render(k) for k in keyset.kernel_keys_many(names)]
             self.assertEqual(keyset.kernel_keys_many([]), [])
         self.assertExpectedInline(
-            "\n".join(f"{n}: {k}" for n, k in zip(names, got)),
+            "\n".join(f"{n}: {k}" for n, k in zip(names, got, strict=True)),
             """\
 aten::add.Tensor: Autograd, CPU, CompositeExplicitAutogradNonFunctional, Meta
 aten::linear: Autograd, CompositeImplicitAutograd
@@ -221,14 +242,14 @@ _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
             "add.Tensor",
             "aten::add.Tensor.extra",
             "",
-            f"{NS}::impl_only",
+            IMPL_ONLY,
         ],
         name_fn=lambda n: n.replace(":", "_").replace(".", "_") or "empty",
     )
     @parametrize("backend", ["cpp", "python"])
     def test_unknown_operator(self, backend: str, name: str) -> None:
         """An unknown operator or overload is a ValueError that names it."""
-        with _use_backend(backend):
+        with _impl_only_operator(), _use_backend(backend):
             with self.assertRaises(ValueError) as ctx:
                 keyset.kernel_keys(name)
             # A bad name in the middle of a batch fails the whole batch.
@@ -256,8 +277,8 @@ _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
         """The C++ side checks its key list instead of trusting the caller."""
         assert _C is not None
         with self.assertRaisesRegex(RuntimeError, "at most 63"):
-            _C.kernel_masks(["aten::add.Tensor"], [int(DispatchKey.CPU)] * 64)
-        end = max(int(k) for k in DispatchKey.__members__.values())
+            _C.kernel_masks(["aten::add.Tensor"], [DispatchKey.CPU.value] * 64)
+        end = max(k.value for k in DispatchKey.__members__.values())
         for bad in (-1, end + 1, 1 << 20):
             with self.assertRaisesRegex(RuntimeError, "not a c10::DispatchKey"):
                 _C.kernel_masks(["aten::add.Tensor"], [bad])
@@ -318,6 +339,7 @@ class TestFallback(TestCase):
             cwd=REPO_ROOT,
             env=env,
             capture_output=True,
+            check=False,
             text=True,
             timeout=300,
         )
@@ -326,7 +348,9 @@ class TestFallback(TestCase):
         self.assertEqual(result["backend"], "python")
         self.assertEqual(len(result["warnings"]), 1, result["warnings"])
         self.assertIn("TORCH_CACHEPOLICY_FORCE_PYTHON is set", result["warnings"][0])
-        self.assertTrue({"CPU", "Meta", "Autograd"} <= set(result["add"]), result["add"])
+        self.assertTrue(
+            {"CPU", "Meta", "Autograd"} <= set(result["add"]), result["add"]
+        )
         self.assertIn("CompositeImplicitAutograd", result["linear"])
         self.assertNotIn("CPU", result["linear"])
         self.assertNotIn("CompositeImplicitAutograd", result["relu"])

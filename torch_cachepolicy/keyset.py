@@ -132,7 +132,9 @@ def kernel_keys_many(names: Sequence[str]) -> list[frozenset[DispatchKey]]:
         )
     try:
         if _ext is not None:
-            masks = _ext.kernel_masks(list(names), [int(k) for k in KEYS])
+            # ``.value`` rather than ``int(k)``: torch's stub types DispatchKey
+            # as a plain Enum, so mypy rejects int() though pybind allows it.
+            masks = _ext.kernel_masks(list(names), [k.value for k in KEYS])
         else:
             _warn_fallback_once()
             masks = [_python_mask(n) for n in names]

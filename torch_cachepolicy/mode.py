@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import (
     _BypassDispatchCache,
     _DispatchCacheBypassEntry,
 )
+from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
@@ -428,11 +429,11 @@ def _assert_same_output(expected: object, actual: object, args: Sequence[object]
     act_leaves, act_spec = pytree.tree_flatten(actual)
     if exp_spec != act_spec:
         raise AssertionError(f"structure {act_spec} != {exp_spec}")
-    for e, a in zip(exp_leaves, act_leaves):
+    for e, a in zip(exp_leaves, act_leaves, strict=True):
         if isinstance(e, torch.Tensor):
             if not isinstance(a, torch.Tensor):
                 raise AssertionError(f"expected a Tensor, got {type(a).__name__}")
-            _ft.assert_metadata_eq(_ft.assert_eq, e, a)
+            assert_metadata_eq(assert_eq, e, a)
         elif isinstance(e, _SYM_TYPES):
             if type(e) is not type(a) or e.node is not a.node:  # type: ignore[union-attr]
                 raise AssertionError(f"symbolic value {a} != {e}")

@@ -27,6 +27,11 @@ def _evict(table_ref: weakref.ref[_Table], key: _DispatchCacheKey) -> None:
         table.pop(key, None)
 
 
+# The attribute under which a ShapeEnv carries the tables of every partition
+# that cached symbolic entries for it. See Note [Symbolic entries live on the ShapeEnv].
+_SHAPE_ENV_ATTR = "_torch_cachepolicy_tables"
+
+
 class _Partition:
     """The entries made under one policy identity.
 
@@ -35,18 +40,25 @@ class _Partition:
     context value and on the fake kernel that computed them. Rather than
     widening every key (rehashing a long tuple on each hit), they go into a
     sub-table per (context, kernel); a re-registered kernel or a new context
-    simply selects another, empty, sub-table. Keys that hold symbols live in
-    sub-tables per ShapeEnv, held weakly, as torch keeps them on the ShapeEnv.
+    simply selects another, empty, sub-table.
+
+    Note [Symbolic entries live on the ShapeEnv]
+    An entry whose key holds symbols still references its ShapeEnv after
+    torch strips the key (the stripped stub keeps the SymNode, and a SymInt
+    output is stored as is). Held from the store, even weakly keyed, such an
+    entry would keep the ShapeEnv alive. So, like torch's own
+    ``shape_env.fake_tensor_cache``, the tables hang off the ShapeEnv itself
+    (one attribute of ours, keyed weakly by partition): the cycle is
+    collectable, and the store keeps only a weak set of ShapeEnvs to count
+    and clear its entries.
     """
 
-    __slots__ = ("_lock", "shape_env_tables", "tables")
+    __slots__ = ("__weakref__", "_lock", "_shape_envs", "tables")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.tables: dict[Hashable, _Table] = {}
-        self.shape_env_tables: weakref.WeakKeyDictionary[ShapeEnv, dict[Hashable, _Table]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._shape_envs: weakref.WeakSet[ShapeEnv] = weakref.WeakSet()
 
     def table(self, sub: Hashable, shape_env: ShapeEnv | None) -> _Table:
         if shape_env is None:
@@ -54,21 +66,31 @@ class _Partition:
             if table is None:
                 table = self.tables.setdefault(sub, _Table())
             return table
-        with self._lock:
-            per_env = self.shape_env_tables.get(shape_env)
-            if per_env is None:
-                per_env = self.shape_env_tables[shape_env] = {}
-            table = per_env.get(sub)
-            if table is None:
-                table = per_env[sub] = _Table()
-            return table
+        per_env = self._env_tables(shape_env)
+        table = per_env.get(sub)
+        if table is None:
+            table = per_env.setdefault(sub, _Table())
+        return table
+
+    def _env_tables(self, shape_env: ShapeEnv, create: bool = True) -> dict[Hashable, _Table]:
+        by_partition = shape_env.__dict__.get(_SHAPE_ENV_ATTR)
+        per_env = None if by_partition is None else by_partition.get(self)
+        if per_env is None and create:
+            with self._lock:
+                by_partition = shape_env.__dict__.setdefault(_SHAPE_ENV_ATTR, weakref.WeakKeyDictionary())
+                per_env = by_partition.setdefault(self, {})
+                self._shape_envs.add(shape_env)
+        return per_env if per_env is not None else {}
 
     def all_tables(self) -> Iterator[_Table]:
         yield from list(self.tables.values())
-        with self._lock:
-            envs = [list(t.values()) for t in self.shape_env_tables.values()]
-        for tables in envs:
-            yield from tables
+        for shape_env in list(self._shape_envs):
+            yield from list(self._env_tables(shape_env, create=False).values())
+
+    def clear(self) -> None:
+        self.tables.clear()
+        for shape_env in list(self._shape_envs):
+            self._env_tables(shape_env, create=False).clear()
 
 
 class CacheStore:
@@ -108,12 +130,16 @@ class CacheStore:
 
     def _drop_partition(self, identity: Hashable) -> None:
         with self._lock:
-            self._partitions.pop(identity, None)
+            part = self._partitions.pop(identity, None)
+        if part is not None:
+            part.clear()
 
     def clear(self) -> None:
         """Drops every entry of every partition."""
         with self._lock:
-            self._partitions = {}
+            parts, self._partitions = list(self._partitions.values()), {}
+        for part in parts:
+            part.clear()
 
     def __len__(self) -> int:
         """The number of entries, negative ones included, in all partitions."""

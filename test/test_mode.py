@@ -1,0 +1,788 @@
+# Owner(s): ["module: fakeTensor"]
+"""Tests of torch_cachepolicy.FakeTensorMode: caching, safety, isolation, lifetime."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import cachepolicy_testing as T
+import torch
+import torch._library.utils as library_utils
+from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheBypassEntry
+from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+import torch_cachepolicy as tcp
+import torch_cachepolicy.mode as mode_module
+
+conv, pair, dyn, size0 = T.op("conv"), T.op("pair"), T.op("dyn"), T.op("size0")
+q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
+dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
+
+
+def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
+    return tcp.CachePolicy(namespaces=[T.NS, "quantized_decomposed"], **kwargs)
+
+
+def storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def keys_for_namespace(table: dict[Any, Any], ns: str) -> list[Any]:
+    return [k for k in list(table) if getattr(k.key[0], "namespace", None) == ns]
+
+
+def valid_entries_for_namespace(table: dict[Any, Any], ns: str) -> list[Any]:
+    """Positive entries; stock itself leaves negative 'non-builtin' ones."""
+    return [k for k in keys_for_namespace(table, ns) if not isinstance(table.get(k), _DispatchCacheBypassEntry)]
+
+
+class CachePolicyTestCase(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        T.calls.clear()
+
+    def assertHitsMisses(self, mode: tcp.FakeTensorMode, hits: int, misses: int) -> None:
+        info = mode.cache_info()
+        self.assertEqual((info.hits, info.misses), (hits, misses), msg=str(mode.cache_report()))
+
+    def assertBypassed(self, mode: tcp.FakeTensorMode, op: Any, reason: str, count: int) -> None:
+        self.assertEqual(mode.cache_report()[op].bypasses.get(reason, 0), count, msg=str(mode.cache_report()))
+
+    def assertNotAliased(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.assertNotEqual(storage(a), storage(b))
+
+
+class TestBackendCaching(CachePolicyTestCase):
+    def test_backend_op_runs_its_fake_kernel_once(self) -> None:
+        """A registered-namespace op runs its fake kernel once, then hits."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x = torch.empty(2, 3, 8, 8)
+            outs = [conv(x, 2) for _ in range(4)]
+        self.assertEqual(T.calls["conv"], 1)
+        self.assertEqual(mode.cache_report()[conv].hits, 3)
+        for out in outs:
+            self.assertIsInstance(out, FakeTensor)
+            self.assertEqual(out.shape, (2, 6, 4, 4))
+        self.assertEqual(len({storage(o) for o in outs}), 4)
+
+    def test_stock_runs_the_fake_kernel_every_time(self) -> None:
+        """Control: stock FakeTensorMode never caches the same backend op."""
+        with StockMode():
+            x = torch.empty(2, 3, 8, 8)
+            for _ in range(4):
+                conv(x, 2)
+        self.assertEqual(T.calls["conv"], 4)
+
+    def test_quantized_decomposed_ops(self) -> None:
+        """Real quantized_decomposed ops shipped with torch are served from cache."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        with mode:
+            x = torch.empty(4, T.fresh_size())
+            for _ in range(3):
+                y = q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+                z = dq_per_tensor(y, 0.1, 0, -128, 127, torch.int8)
+        self.assertEqual((y.dtype, z.dtype), (torch.int8, torch.float32))
+        report = mode.cache_report()
+        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 1))
+        self.assertEqual((report[dq_per_tensor].hits, report[dq_per_tensor].misses), (2, 1))
+
+    def test_crosscheck_runs_on_every_hit(self) -> None:
+        """With crosscheck on, each hit re-runs the kernel and compares."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        with mode:
+            x = torch.empty(1, 2, 5, 5)
+            for _ in range(3):
+                conv(x, 1)
+                pair(x)
+        report = mode.cache_report()
+        self.assertEqual([(report[op].hits, report[op].misses) for op in (conv, pair)], [(2, 1)] * 2)
+        self.assertEqual((T.calls["conv"], T.calls["pair"]), (3, 3))  # 1 miss + 2 crosschecks
+
+    def test_crosscheck_follows_dynamo_config(self) -> None:
+        """cache_crosscheck=None follows torch._dynamo.config."""
+        with mock.patch("torch._dynamo.config.fake_tensor_cache_crosscheck_enabled", True):
+            self.assertTrue(tcp.FakeTensorMode().cache_crosscheck_enabled)
+        with mock.patch("torch._dynamo.config.fake_tensor_cache_crosscheck_enabled", False):
+            self.assertFalse(tcp.FakeTensorMode().cache_crosscheck_enabled)
+            self.assertTrue(tcp.FakeTensorMode(cache_crosscheck=True).cache_crosscheck_enabled)
+
+    def test_crosscheck_catches_a_wrong_entry(self) -> None:
+        """A corrupted entry is reported by crosscheck instead of returned."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        with mode:
+            x = torch.empty(1, 2, 6, 6)
+            conv(x, 1)
+            y = torch.empty(1, 2, 6, 6)
+            conv(y, 2)
+            tables = list(mode._partition.all_tables())
+            entries = {k.key[-1]: (t, k) for t in tables for k in t if k.key[0] is conv}
+            # Swap the two entries' values: each key now answers with the other's shape.
+            (t1, k1), (t2, k2) = entries[1], entries[2]
+            t1[k1], t2[k2] = t2[k2], t1[k1]
+            with self.assertRaisesRegex(tcp.CrosscheckError, "differs from an uncached dispatch"):
+                conv(x, 1)
+
+    def test_symbolic_shapes(self) -> None:
+        """Backend ops on symbolic inputs are cached per ShapeEnv, outside torch's caches."""
+        shape_env = ShapeEnv()
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_crosscheck=True)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * 3)
+        x = mode.from_tensor(torch.empty(3, 2, 8, 8), symbolic_context=ctx)
+        with mode:
+            a = conv(x, 2)
+            b = conv(x, 2)
+            n = size0(x)
+            m = size0(x)
+        self.assertEqual(T.calls["conv"], 2)  # one miss + one crosscheck
+        self.assertEqual(str(a.shape[0]), str(x.shape[0]))
+        self.assertEqual(a.shape, b.shape)
+        self.assertIs(n.node, m.node)
+        self.assertEqual(mode.cache_report()[conv].hits, 1)
+        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, T.NS), [])
+        self.assertEqual(valid_entries_for_namespace(StockMode.cache, T.NS), [])
+        self.assertTrue(any(keys_for_namespace(t, T.NS) for t in mode._partition.all_tables()))
+
+    def test_aten_entries_are_shared_with_torch_by_default(self) -> None:
+        """aten entries go to torch's storage, exactly as a stock mode would put them."""
+        n = T.fresh_size()
+        with StockMode():
+            torch.empty(n, 3).sin()
+        mode = tcp.FakeTensorMode()
+        with mode:
+            torch.empty(n, 3).sin()
+        self.assertEqual(mode.cache_report()[torch.ops.aten.sin.default].hits, 1)
+
+    def test_isolated_store_keeps_aten_private(self) -> None:
+        """An isolated store computes aten entries itself and keeps them."""
+        n = T.fresh_size()
+        before = len(StockMode.cache)
+        store = tcp.CacheStore(isolated=True)
+        mode = tcp.FakeTensorMode(cache_store=store)
+        with mode:
+            for _ in range(2):
+                torch.empty(n, 3).cos()
+        self.assertEqual(len(StockMode.cache), before)
+        self.assertHitsMisses(mode, 2, 2)
+        self.assertEqual(len(store), 2)
+
+
+class TestSafety(CachePolicyTestCase):
+    """Each case also runs with the safety checks removed (the naive namespace
+    opt-in) and must then go wrong, so these tests can fail."""
+
+    @contextmanager
+    def naive(self) -> Iterator[None]:
+        with mock.patch.object(mode_module, "_check_backend_call", lambda *a, **k: None):
+            yield
+
+    def _unbacked_symbols(self) -> tuple[Any, Any]:
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        with mode:
+            x = torch.empty(4, 4)
+            return dyn(x), dyn(x)
+
+    def test_unbacked_scalar_output_is_never_replayed(self) -> None:
+        """Each call of an op returning new_dynamic_size() gets a fresh symbol."""
+        a, b = self._unbacked_symbols()
+        self.assertIsNot(a.node.expr, b.node.expr)
+        with self.naive():
+            a, b = self._unbacked_symbols()
+        self.assertIs(a.node.expr, b.node.expr)
+
+    def test_scalar_output_derived_from_inputs_is_cached(self) -> None:
+        """A SymInt output made of input symbols is safe to cache."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        x = mode.from_tensor(
+            torch.empty(5, 2),
+            symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]),
+        )
+        with mode:
+            size0(x)
+            size0(x)
+        self.assertEqual(mode.cache_report()[size0].hits, 1)
+
+    def _undeclared_alias(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x = torch.empty(3, 3)
+            return x, [T.op("bad_view")(x) for _ in range(2)]
+
+    def test_undeclared_aliasing_is_never_cached(self) -> None:
+        """An output sharing an input's storage without a schema annotation bypasses."""
+        x, outs = self._undeclared_alias()
+        self.assertEqual([storage(o) for o in outs], [storage(x)] * 2)
+        with self.naive():
+            x, outs = self._undeclared_alias()
+        self.assertNotEqual(storage(outs[1]), storage(x))
+
+    def test_declared_view_is_cached_with_aliasing(self) -> None:
+        """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        with mode:
+            x = torch.empty(3, 3)
+            outs = [T.op("good_view")(x) for _ in range(3)]
+        self.assertEqual(mode.cache_report()[T.op("good_view")].hits, 2)
+        self.assertEqual({storage(o) for o in outs}, {storage(x)})
+
+    def _mutations(self, policy: tcp.CachePolicy) -> int:
+        with tcp.FakeTensorMode(cache_policy=policy):
+            x = torch.empty(3)
+            for _ in range(3):
+                T.op("mut")(x)
+        return T.calls["mut"]
+
+    def test_mutating_op_needs_an_explicit_opt_in(self) -> None:
+        """A Tensor(a!) op runs its kernel every time unless allowed by name."""
+        self.assertEqual(self._mutations(backend_policy()), 3)
+        T.calls.clear()
+        self.assertEqual(self._mutations(backend_policy(allow=[T.op("mut")])), 1)
+        T.calls.clear()
+        with self.naive():
+            self.assertEqual(self._mutations(backend_policy()), 1)
+
+    def _multi_view(self) -> tcp.FakeTensorMode:
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x, y = torch.empty(2, 2), torch.empty(2, 2)
+            T.op("multi_view")(x, y)
+        return mode
+
+    def test_view_with_several_tensor_args_bypasses(self) -> None:
+        """A view schema with two tensor args bypasses instead of asserting."""
+        mode = self._multi_view()
+        self.assertBypassed(mode, T.op("multi_view"), "view op with several tensor arguments", 1)
+        with self.naive(), self.assertRaisesRegex(AssertionError, "exactly one tensor arg"):
+            self._multi_view()
+
+    def test_reregistered_fake_kernel_is_not_served_old_entries(self) -> None:
+        """Swapping an op's fake impl makes entries of the old kernel unused."""
+        swappable = T.op("swappable")
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        lib = torch.library.Library(T.NS, "FRAGMENT")
+        try:
+            with mode:
+                x = torch.empty(4, 4)
+                self.assertEqual(swappable(x).shape, (4, 4))
+                torch.library.register_fake(f"{T.NS}::swappable", T.swappable_v2, lib=lib)
+                self.assertEqual(swappable(x).shape, (4, 1))
+                self.assertEqual(swappable(x).shape, (4, 1))
+        finally:
+            lib._destroy()
+        self.assertEqual(T.calls["swappable"], 2)
+        with mode:
+            self.assertEqual(swappable(x).shape, (4, 4))  # v1 again: its entries are still valid
+
+    def test_context_key_separates_ambient_state(self) -> None:
+        """A context_key hook keeps a kernel reading global state from being replayed stale."""
+        ambient_cast = T.op("ambient_cast")
+
+        def run(policy: tcp.CachePolicy) -> list[torch.dtype]:
+            dtypes = []
+            with tcp.FakeTensorMode(cache_policy=policy):
+                x = torch.empty(2)
+                for dtype in (torch.float32, torch.int8, torch.float32, torch.int8):
+                    T.ambient["dtype"] = dtype
+                    dtypes.append(ambient_cast(x).dtype)
+            T.ambient["dtype"] = torch.float32
+            return dtypes
+
+        expected = [torch.float32, torch.int8, torch.float32, torch.int8]
+        self.assertEqual(run(backend_policy(context_key=lambda: T.ambient["dtype"])), expected)
+        self.assertEqual(T.calls["ambient_cast"], 2)
+        self.assertNotEqual(run(backend_policy()), expected)  # without the hook: stale
+
+    def test_context_key_subclass_override(self) -> None:
+        """A subclass may override context_key() instead of passing a hook."""
+
+        class SpecPolicy(tcp.CachePolicy):
+            def context_key(self) -> Any:
+                return T.ambient["dtype"]
+
+        with tcp.FakeTensorMode(cache_policy=SpecPolicy(namespaces=[T.NS])):
+            x = torch.empty(2)
+            T.ambient["dtype"] = torch.int16
+            self.assertEqual(T.op("ambient_cast")(x).dtype, torch.int16)
+            T.ambient["dtype"] = torch.float32
+            self.assertEqual(T.op("ambient_cast")(x).dtype, torch.float32)
+
+
+class TestIsolation(CachePolicyTestCase):
+    def test_torch_globals_are_untouched(self) -> None:
+        """is_builtin, the class cache and the class counters never change."""
+        original_is_builtin = library_utils.is_builtin
+        seen: list[object] = []
+        before = T.stock_info()
+        shape_env = ShapeEnv()
+
+        def spy(x: torch.Tensor, stride: int) -> torch.Tensor:
+            seen.append(library_utils.is_builtin)
+            return x.new_empty(x.shape)
+
+        lib = torch.library.Library(T.NS, "FRAGMENT")
+        try:
+            torch.library.register_fake(f"{T.NS}::conv", spy, lib=lib)
+            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env)
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+            x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
+            n = T.fresh_size()
+            with mode:
+                for _ in range(3):
+                    conv(x, 1)
+                    conv(torch.empty(1, 1, 1, n), 1)
+        finally:
+            lib._destroy()
+        self.assertEqual(seen, [original_is_builtin] * 2)
+        self.assertIs(library_utils.is_builtin, original_is_builtin)
+        hits, misses, bypasses, _ = T.stock_info()
+        self.assertEqual((hits, misses, bypasses), before[:3])
+        self.assertEqual(valid_entries_for_namespace(StockMode.cache, T.NS), [])
+        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, T.NS), [])
+        self.assertGreater(mode.cache_info().hits, 0)
+
+    def test_stock_mode_in_another_thread_still_bypasses(self) -> None:
+        """While policy modes run, a stock mode elsewhere bypasses backend ops as 'non-builtin'."""
+        n_calls = 50
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+        before = T.stock_info()[2].get("non-builtin", 0)
+
+        def stock_worker() -> None:
+            try:
+                with StockMode():
+                    x = torch.empty(1, 1, 4, 4)
+                    barrier.wait()
+                    for _ in range(n_calls):
+                        conv(x, 1)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        thread = threading.Thread(target=stock_worker)
+        thread.start()
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x = torch.empty(1, 1, 4, 4)
+            barrier.wait()
+            for _ in range(n_calls):
+                conv(x, 1)
+        thread.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(T.stock_info()[2].get("non-builtin", 0) - before, n_calls)
+        self.assertEqual(mode.cache_report()[conv].hits, n_calls - 1)
+
+    def test_policy_modes_in_two_threads_keep_separate_stats(self) -> None:
+        """Two policy modes in two threads count and store only their own work."""
+        results: dict[int, tcp.FakeTensorMode] = {}
+
+        def worker(i: int) -> None:
+            mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+            with mode:
+                x = torch.empty(1, 1, 4, 4 + i)
+                for _ in range(10 * (i + 1)):
+                    conv(x, 1)
+            results[i] = mode
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results[0].cache_report()[conv].hits, 9)
+        self.assertEqual(results[1].cache_report()[conv].hits, 19)
+        self.assertEqual(len(results[0].cache_store), 1)
+
+
+class TestIdentity(CachePolicyTestCase):
+    def test_rule_change_moves_to_a_fresh_partition(self) -> None:
+        """Registering a namespace after use takes effect at once: no stale negative entry."""
+        policy = tcp.CachePolicy()
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(1, 1, 3, 3)
+            conv(x, 1)
+            conv(x, 1)
+            policy.register_namespace(T.NS)
+            conv(x, 1)
+            conv(x, 1)
+        self.assertEqual(mode.cache_report()[conv].bypasses, {"non-builtin": 2})
+        self.assertEqual(mode.cache_report()[conv].hits, 1)
+
+    def test_stock_negative_entry_does_not_block_the_policy(self) -> None:
+        """A 'non-builtin' entry stock left in torch's cache is never consulted for admitted ops."""
+        with StockMode():
+            x = torch.empty(1, 1, 7, 7)
+            conv(x, 1)
+        self.assertTrue(
+            any(isinstance(StockMode.cache[k], _DispatchCacheBypassEntry) for k in keys_for_namespace(StockMode.cache, T.NS))
+        )
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x = torch.empty(1, 1, 7, 7)
+            conv(x, 1)
+            conv(x, 1)
+        self.assertEqual(mode.cache_report()[conv].hits, 1)
+
+    def test_denied_op_is_never_served(self) -> None:
+        """deny() beats namespaces and keeps even an aten op out of every layer."""
+        n = T.fresh_size()
+        with StockMode():
+            torch.empty(n).exp()  # torch's storage now holds an entry for it
+        policy = backend_policy(deny=[torch.ops.aten.exp.default, conv])
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(n)
+            x.exp()
+            x.exp()
+            conv(torch.empty(1, 1, 2, 2), 1)
+        self.assertBypassed(mode, torch.ops.aten.exp.default, "denied by policy", 2)
+        self.assertBypassed(mode, conv, "denied by policy", 1)
+
+    def test_shared_store_keeps_policies_apart(self) -> None:
+        """Two policies sharing a store never see each other's entries."""
+        store = tcp.CacheStore()
+        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: "b"), cache_store=store)
+        c = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        for mode in (a, b, c):
+            with mode:
+                conv(torch.empty(1, 1, 5, 5), 1)
+        self.assertEqual([m.cache_report()[conv].hits for m in (a, b, c)], [0, 0, 1])
+        self.assertEqual(T.calls["conv"], 2)
+
+    def test_replacing_the_policy(self) -> None:
+        """mode.cache_policy can be replaced, and is validated."""
+        mode = tcp.FakeTensorMode()
+        mode.cache_policy = backend_policy()
+        with mode:
+            conv(torch.empty(1, 1, 2, 2), 1)
+            conv(torch.empty(1, 1, 2, 2), 1)
+        self.assertEqual(mode.cache_report()[conv].hits, 1)
+        with self.assertRaisesRegex(TypeError, r"FakeTensorMode.cache_policy = \.\.\.: expected a torch_cachepolicy.CachePolicy, got str"):
+            mode.cache_policy = "tosa"  # type: ignore[assignment]
+
+    def test_cache_clear_clears_this_instance_only(self) -> None:
+        """cache_clear() resets this mode; another mode's entries and counters stay."""
+        store = tcp.CacheStore()
+        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: 1), cache_store=store)
+        for mode in (a, b):
+            with mode:
+                conv(torch.empty(1, 1, 5, 6), 1)
+                conv(torch.empty(1, 1, 5, 6), 1)
+        a.cache_clear()
+        self.assertEqual(a.cache_info().hits, 0)
+        self.assertEqual(b.cache_report()[conv].hits, 1)
+        self.assertEqual(len(store), 1)  # b's conv entry remains
+
+
+class TestReport(CachePolicyTestCase):
+    def test_cache_report(self) -> None:
+        """cache_report() lists each op's hits, misses and bypass reasons."""
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[T.NS]), shape_env=ShapeEnv())
+        with mode:
+            x = torch.empty(1, 1, 3, T.fresh_size())
+            for _ in range(3):
+                conv(x, 1)
+                dyn(x)
+                q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+        self.assertExpectedInline(
+            str(mode.cache_report()),
+            """\
+op                                                 hits  misses  bypasses
+aten::empty.memory_format                             0       1
+aten::new_empty.default                               0       1
+quantized_decomposed::quantize_per_tensor.default     0       0  non-builtin: 3
+tcp_test::conv.default                                2       1
+tcp_test::dyn.default                                 0       0  unbacked symbol in scalar output: 3""",
+        )
+        self.assertEqual(
+            mode.cache_report().by_namespace(),
+            {"aten": (0, 2, 0), "quantized_decomposed": (0, 0, 3), "tcp_test": (2, 1, 3)},
+        )
+
+
+class TestHigherOrderOps(CachePolicyTestCase):
+    def test_cond(self) -> None:
+        """torch.cond dispatches under the subclass as under stock."""
+        def run(mode: Any) -> torch.Size:
+            with mode:
+                x = torch.empty(3, 4)
+                return torch.cond(torch.tensor(True), lambda t: t.sin(), lambda t: t.cos(), (x,)).shape
+
+        self.assertEqual(run(tcp.FakeTensorMode()), run(StockMode()))
+
+    def test_while_loop(self) -> None:
+        """while_loop dispatches under the subclass as under stock."""
+        def run(mode: Any) -> list[torch.Size]:
+            with mode:
+                i, x = torch.tensor(0), torch.empty(2, 2)
+                out = torch._higher_order_ops.while_loop(
+                    lambda i, x: i < 3, lambda i, x: (i + 1, x + 1), (i, x)
+                )
+                return [o.shape for o in out]
+
+        self.assertEqual(run(tcp.FakeTensorMode(shape_env=ShapeEnv())), run(StockMode(shape_env=ShapeEnv())))
+
+    def test_hop_defined_after_import(self) -> None:
+        """A HOP whose FakeTensorMode rule is registered after our import works."""
+        from torch._ops import HigherOrderOperator
+
+        class LateHop(HigherOrderOperator):
+            def __init__(self) -> None:
+                super().__init__("tcp_late_hop")
+
+            def __call__(self, x: torch.Tensor) -> torch.Tensor:
+                return super().__call__(x)
+
+        late_hop = LateHop()
+        late_hop.fallthrough(torch._C.DispatchKey.AutogradCPU)
+
+        @late_hop.py_impl(StockMode)
+        def _fake(mode: StockMode, x: torch.Tensor) -> torch.Tensor:
+            with mode:
+                return x.new_empty(7)
+
+        for mode in (StockMode(), tcp.FakeTensorMode()):
+            with mode:
+                self.assertEqual(late_hop(torch.empty(2)).shape, (7,))
+
+    def test_invoke_subgraph_entry_dies_with_its_graph(self) -> None:
+        """A GraphModule-keyed entry leaves this mode's store when the module dies."""
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        gm = torch.fx.symbolic_trace(lambda x: (x.sin(),))
+        store = tcp.CacheStore(isolated=True)
+        mode = tcp.FakeTensorMode(cache_store=store)
+        with mode:
+            x = torch.empty(3)
+            invoke_subgraph(gm, "sub", x)
+            invoke_subgraph(gm, "sub", x)
+        self.assertEqual(mode.cache_report().ops[-1].hits, 1)
+        size = len(store)
+        ref = weakref.ref(gm)
+        del gm
+        gc.collect()
+        self.assertIsNone(ref())
+        self.assertEqual(len(store), size - 1)
+
+
+def reaches(root: object, target: object, limit: int = 200_000) -> bool:
+    """Whether ``target`` is reachable from ``root`` through containers and
+    plain objects (not through operators, modules, types or functions, which
+    lead into torch's global state)."""
+    import types
+
+    stop = (torch._ops.OperatorBase, types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    seen, todo = {id(root)}, [root]
+    while todo and len(seen) < limit:
+        for ref in gc.get_referents(todo.pop()):
+            if ref is target:
+                return True
+            if id(ref) not in seen and not isinstance(ref, stop):
+                seen.add(id(ref))
+                todo.append(ref)
+    return False
+
+
+class TestLifetime(CachePolicyTestCase):
+    def test_mode_and_store_are_collected(self) -> None:
+        """Dropping a mode frees it and its private store."""
+        def make() -> tuple[weakref.ref[Any], ...]:
+            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+            x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
+            with mode:
+                conv(x, 1)
+                conv(x, 1)
+            return weakref.ref(mode), weakref.ref(mode.cache_store)
+
+        refs = make()
+        gc.collect()
+        self.assertEqual([r() for r in refs], [None, None])
+
+    def test_store_does_not_hold_shape_env(self) -> None:
+        """A store's symbolic entries never reach their ShapeEnv (torch's own
+        lru caches keep ShapeEnvs alive, so reachability is what we can test)."""
+        store = tcp.CacheStore()
+        shape_env = ShapeEnv()
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_store=store)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+        x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
+        with mode:
+            conv(x, 1)
+        self.assertEqual(len(store), 1)
+        self.assertTrue(reaches(mode, shape_env))  # the helper does find real paths
+        self.assertFalse(reaches(store, shape_env))
+
+
+def _make(kind: str) -> Any:
+    return StockMode() if kind == "stock" else tcp.FakeTensorMode()
+
+
+class TestDropIn(TestCase):
+    """Cache tests ported from PyTorch's FakeTensorDispatchCache, run against
+    stock and against the subclass with the default policy."""
+
+    def counts(self, kind: str, mode: Any) -> tuple[int, int, dict[str, int]]:
+        if kind == "stock":
+            hits, misses, bypasses, _ = T.stock_info()
+            base = self._base
+            return hits - base[0], misses - base[1], {
+                k: v - base[2].get(k, 0) for k, v in bypasses.items() if v - base[2].get(k, 0)
+            }
+        info = mode.cache_info()
+        return info.hits, info.misses, info.bypasses
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._base = T.stock_info()
+
+    def _key_differs(self, fm: Any, x: Any, y: Any, z: Any) -> None:
+        from torch._subclasses._fake_tensor_utils import _CacheKeyState
+
+        func = torch.ops.aten.add.Tensor
+        state = _CacheKeyState()
+        self.assertEqual(fm._cache_key(state, func, [x], {}), fm._cache_key(state, func, [y], {}))
+        self.assertNotEqual(fm._cache_key(state, func, [x], {}), fm._cache_key(state, func, [z], {}))
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_key_metadata(self, kind: str) -> None:
+        """Keys differ in dtype, shape, stride, memory format, offset, grad and constants."""
+        with _make(kind) as fm:
+            cases: list[tuple[Callable[[], Any], Callable[[], Any]]] = [
+                (lambda: torch.empty(4, 3, dtype=torch.float16), lambda: torch.empty(4, 3)),
+                (lambda: torch.empty(4, 3), lambda: torch.empty(4, 2)),
+                (lambda: torch.empty(4, 2), lambda: torch.empty(4, 2).as_strided((4, 2), (1, 2))),
+                (lambda: torch.empty(1, 2, 3, 4), lambda: torch.empty(1, 2, 3, 4).to(memory_format=torch.channels_last)),
+                (lambda: torch.empty(3)[1:], lambda: torch.empty(2)),
+                (lambda: torch.empty(4, 3), lambda: torch.empty(4, 3, requires_grad=True)),
+            ]
+            for same, other in cases:
+                self._key_differs(fm, same(), same(), other())
+            self._key_differs(fm, 1.0, 1.0, 1)
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_hit(self, kind: str) -> None:
+        """A repeated add is a hit with identical metadata."""
+        from torch._subclasses.fake_tensor import extract_tensor_metadata
+
+        with _make(kind) as mode:
+            x, y = torch.empty(4, T.fresh_size()), torch.empty(4, 1)
+            before = self.counts(kind, mode)
+            r1 = x + y
+            r2 = x + y
+            after = self.counts(kind, mode)
+        self.assertEqual((after[0] - before[0], after[1] - before[1]), (1, 1))
+        self.assertEqual(extract_tensor_metadata(r1), extract_tensor_metadata(r2))
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_bypass_inplace_view(self, kind: str) -> None:
+        """An inplace view bypasses with reason 'inplace view'."""
+        with _make(kind) as mode:
+            x = torch.empty(1, 2)
+            x.unsqueeze_(0)
+            self.assertEqual(self.counts(kind, mode)[2].get("inplace view"), 1)
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_default_dtype(self, kind: str) -> None:
+        """The default dtype is part of the key."""
+        with _make(kind) as mode:
+            x = torch.empty(T.fresh_size(), dtype=torch.int32)
+            start = self.counts(kind, mode)
+            try:
+                dtypes = []
+                for default in (torch.float32, torch.float16, torch.float32):
+                    torch.set_default_dtype(default)
+                    dtypes.append((x + 1.0).dtype)
+            finally:
+                torch.set_default_dtype(torch.float32)
+            end = self.counts(kind, mode)
+        self.assertEqual(dtypes, [torch.float32, torch.float16, torch.float32])
+        self.assertEqual((end[0] - start[0], end[1] - start[1]), (1, 2))
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_inplace_op(self, kind: str) -> None:
+        """An inplace op served from cache returns its input."""
+        with _make(kind):
+            x, y = torch.empty(1, T.fresh_size()), torch.empty(1, 1)
+            self.assertIs(x.add_(y), x)
+            self.assertIs(x.add_(y), x)
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_view_op(self, kind: str) -> None:
+        """A view flag is right whether the entry was made on a view or not."""
+        with _make(kind):
+            x1 = torch.ones(2, requires_grad=True).clone()
+            x2 = torch.ones(2, requires_grad=True).clone()
+            y2 = x2.view(-1)
+            self.assertFalse(x1.mul_(2)._is_view())
+            self.assertTrue(y2.mul_(2)._is_view())
+            self.assertTrue(y2.mul_(2)._is_view())
+            self.assertFalse(x1.mul_(2)._is_view())
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_dispatch_key_set(self, kind: str) -> None:
+        """Ops that change the dispatch key set bypass."""
+        with _make(kind) as mode:
+            self.assertTrue(torch._efficientzerotensor(3)._is_zerotensor())
+            self.assertTrue(torch._efficientzerotensor(3)._is_zerotensor())
+            self.assertEqual(self.counts(kind, mode)[2].get("dispatch_key_set mismatch"), 2)
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_inference_mode(self, kind: str) -> None:
+        """Inference mode is part of the key."""
+        with _make(kind) as mode:
+            x, y = torch.empty(4, T.fresh_size()), torch.empty(4, 1)
+            start = self.counts(kind, mode)
+            r1 = x + y
+            with torch.inference_mode():
+                r2 = x + y
+            r3 = x + y
+            with torch.inference_mode():
+                r4 = x + y
+            end = self.counts(kind, mode)
+        self.assertEqual([r.is_inference() for r in (r1, r2, r3, r4)], [False, True, False, True])
+        self.assertEqual((end[0] - start[0], end[1] - start[1]), (2, 2))
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_cache_tuple_outputs(self, kind: str) -> None:
+        """Tuple outputs are cached element by element."""
+        with _make(kind) as mode:
+            x = torch.empty(6, T.fresh_size())
+            start = self.counts(kind, mode)
+            a = torch.split(x, 2)
+            b = torch.split(x, 2)
+            end = self.counts(kind, mode)
+        self.assertEqual([t.shape for t in a], [t.shape for t in b])
+        self.assertEqual(end[0] - start[0], 1)
+
+    @parametrize("kind", ["stock", "policy"])
+    def test_backend_op_bypass_reason(self, kind: str) -> None:
+        """With the default policy a backend op bypasses as 'non-builtin', like stock."""
+        with _make(kind) as mode:
+            conv(torch.empty(1, 1, 2, T.fresh_size()), 1)
+            self.assertEqual(self.counts(kind, mode)[2].get("non-builtin"), 1)
+
+
+instantiate_parametrized_tests(TestDropIn)
+
+
+if __name__ == "__main__":
+    run_tests()
