@@ -31,6 +31,7 @@ _lib.define("mut(Tensor(a!) x) -> ()")
 _lib.define("ambient_cast(Tensor x) -> Tensor")
 _lib.define("swappable(Tensor x) -> Tensor")
 _lib.define("no_fake(Tensor x) -> Tensor")
+_lib.define("twins(Tensor x) -> (Tensor, Tensor)")
 
 
 def _counted(name: str):  # type: ignore[no-untyped-def]
@@ -79,6 +80,12 @@ def _good_view(x: torch.Tensor) -> torch.Tensor:
 @_counted("multi_view")
 def _multi_view(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.view(-1)
+
+
+@_counted("twins")
+def _twins(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = x.new_empty(x.shape)
+    return out, out.view(-1)  # the two outputs share a storage, undeclared
 
 
 @_counted("mut")

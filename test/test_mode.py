@@ -233,6 +233,17 @@ class TestSafety(CachePolicyTestCase):
             x, outs = self._undeclared_alias()
         self.assertNotEqual(storage(outs[1]), storage(x))
 
+    def _twins(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        with tcp.FakeTensorMode(cache_policy=backend_policy()):
+            x = torch.empty(2, 2)
+            return [T.op("twins")(x) for _ in range(2)]
+
+    def test_outputs_aliasing_each_other_are_never_cached(self) -> None:
+        """Two outputs sharing a storage bypass, so a hit cannot split them."""
+        self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, True])
+        with self.naive():
+            self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, False])
+
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""
         mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)

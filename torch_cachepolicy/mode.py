@@ -383,8 +383,8 @@ def _check_backend_call(
     Custom ops carry no tags and their fake kernels are unchecked, so:
     a bare SymInt output is cached as a constant (stock returns early), which
     would replay one unbacked symbol for every call; an output that shares an
-    input's storage without the schema saying so comes back unaliased from a
-    hit; a mutating op returning None would skip its kernel (and its checks)
+    input's storage without the schema saying so (or two outputs sharing one)
+    come back unaliased from a hit; a mutating op returning None would skip its kernel (and its checks)
     on a hit; and a view schema with several tensor args trips an assertion
     in the entry builder. Each raises _BypassDispatchCache here instead.
     """
@@ -404,10 +404,15 @@ def _check_backend_call(
     input_storages = {
         _storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)
     }
-    if not input_storages:
-        return
+    output_storages: set[int] = set()
     for i, out in enumerate(outputs):
-        if isinstance(out, FakeTensor) and _storage_id(out) in input_storages:
+        if not isinstance(out, FakeTensor):
+            continue
+        sid = _storage_id(out)
+        if sid in output_storages:
+            raise _BypassDispatchCache("outputs alias each other")
+        output_storages.add(sid)
+        if sid in input_storages:
             declared = i < len(schema.returns) and schema.returns[i].alias_info is not None
             if not declared:
                 raise _BypassDispatchCache("output aliases an input without a schema annotation")
