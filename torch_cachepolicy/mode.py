@@ -233,8 +233,12 @@ class FakeTensorMode(_StockMode):
         output = self._dispatch_impl(func, types, args, kwargs)
         try:
             if kind == _POLICY:
-                _check_backend_call(state, func, args, output, explicit=route[2])
+                _check_backend_op(func, args, explicit=route[2])
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
+            if kind == _POLICY:
+                # After torch's validation: outputs are now known to be dense
+                # FakeTensors (or scalars), whose storages can be compared.
+                _check_backend_output(state, func, args, output)
         except _BypassDispatchCache as e:
             stats.bypass(e.reason)
             entry = _DispatchCacheBypassEntry(e.reason)
@@ -368,15 +372,8 @@ def _id_hashed_owner(leaf: object) -> object | None:
     return None
 
 
-def _check_backend_call(
-    state: _CacheKeyState,
-    func: OpOverload,
-    args: Sequence[object],
-    output: object,
-    *,
-    explicit: bool,
-) -> None:
-    """Safety checks for ops outside aten/prim/prims that no policy overrides.
+def _check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:
+    """Safety checks on the schema of an op outside aten/prim/prims.
 
     Note [Why backend ops need more checks than aten]
     torch's entry validation leans on aten's tags and schemas being right.
@@ -384,15 +381,24 @@ def _check_backend_call(
     a bare SymInt output is cached as a constant (stock returns early), which
     would replay one unbacked symbol for every call; an output that shares an
     input's storage without the schema saying so (or two outputs sharing one)
-    come back unaliased from a hit; a mutating op returning None would skip its kernel (and its checks)
-    on a hit; and a view schema with several tensor args trips an assertion
-    in the entry builder. Each raises _BypassDispatchCache here instead.
+    comes back unaliased from a hit; a mutating op returning None would skip
+    its kernel (and its checks) on a hit; and a view schema with several
+    tensor args trips an assertion in the entry builder. Each raises
+    _BypassDispatchCache instead, here (schema) or in _check_backend_output.
     """
-    schema = func._schema
-    if schema.is_mutable and not explicit:
+    if func._schema.is_mutable and not explicit:
         raise _BypassDispatchCache("mutates an argument (allow it with register_op)")
     if func.is_view and sum(isinstance(a, torch.Tensor) for a in args) != 1:
         raise _BypassDispatchCache("view op with several tensor arguments")
+
+
+def _check_backend_output(
+    state: _CacheKeyState, func: OpOverload, args: Sequence[object], output: object
+) -> None:
+    """Safety checks on what a backend op's fake kernel returned.
+
+    See Note [Why backend ops need more checks than aten].
+    """
     outputs = output if isinstance(output, tuple) else (output,)
     tracing = torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None
     for out in outputs:
@@ -404,6 +410,7 @@ def _check_backend_call(
     input_storages = {
         _storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)
     }
+    returns = func._schema.returns
     output_storages: set[int] = set()
     for i, out in enumerate(outputs):
         if not isinstance(out, FakeTensor):
@@ -413,7 +420,7 @@ def _check_backend_call(
             raise _BypassDispatchCache("outputs alias each other")
         output_storages.add(sid)
         if sid in input_storages:
-            declared = i < len(schema.returns) and schema.returns[i].alias_info is not None
+            declared = i < len(returns) and returns[i].alias_info is not None
             if not declared:
                 raise _BypassDispatchCache("output aliases an input without a schema annotation")
 
