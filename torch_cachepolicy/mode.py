@@ -117,7 +117,7 @@ class FakeTensorMode(_StockMode):
             self.cache_crosscheck_enabled = cache_crosscheck
         self._stats: dict[object, OpStats] = {}
         self._synced_identity: object = None
-        self._partition: _Partition = cache_store._partition(None)
+        self._partition = _Partition()  # replaced by the policy's partition on first dispatch
         self._routes: dict[object, tuple[int, str, bool]] = {}
         self._has_context = False
 

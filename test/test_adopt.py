@@ -1,0 +1,468 @@
+# Owner(s): ["module: fakeTensor"]
+"""Tests of torch_cachepolicy.adopt: moving an exported program onto a policy mode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import cachepolicy_testing as T
+import torch
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
+from torch._export.utils import _detect_fake_mode_from_gm
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
+from torch.export import Dim, ExportedProgram, export
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+from torch.testing._internal.two_tensor import TwoTensor
+
+import torch_cachepolicy as tcp
+from torch_cachepolicy.adopt import adopt
+
+qd = torch.ops.quantized_decomposed
+q_per_tensor = qd.quantize_per_tensor.default
+ADOPT = r"adopt\(\.\.\.\): "  # every error message starts by naming the call
+dq_per_tensor = qd.dequantize_per_tensor.default
+
+
+def qdq(x: torch.Tensor) -> torch.Tensor:
+    q = qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
+    return qd.dequantize_per_tensor(q, 0.05, 0, -128, 127, torch.int8)
+
+
+class QuantizedMLP(torch.nn.Module):
+    """Explicit q/dq around two linears, plus views that alias their input."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(features, features)
+        self.l2 = torch.nn.Linear(features, 8)
+        self.register_buffer("shift", torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(self.l1(qdq(x)))
+        y = torch.relu(self.l2(qdq(y)))
+        a, b = y.split(4, dim=1)
+        return y.view(-1), y.t(), a + self.shift[:4], b
+
+
+class Branchy(torch.nn.Module):
+    """A torch.cond whose branches (subgraphs) carry fake values too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.shape[0] > 4, qdq, torch.sin, (x,))
+
+
+def export_mlp(dynamic: bool = True, features: int = 16) -> ExportedProgram:
+    shapes = {"x": {0: Dim("batch")}} if dynamic else None
+    return export(QuantizedMLP(features), (torch.randn(6, features),), dynamic_shapes=shapes)
+
+
+def backend_policy() -> tcp.CachePolicy:
+    return tcp.CachePolicy(namespaces=["quantized_decomposed"])
+
+
+def graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
+    return (m for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
+
+
+def fake_leaves(gm: torch.fx.GraphModule) -> list[tuple[str, FakeTensor]]:
+    """(node/key, value) for every FakeTensor in every node's meta, subgraphs included."""
+    return [
+        (f"{node.name}[{key}]", leaf)
+        for module in graph_modules(gm)
+        for node in module.graph.nodes
+        for key, value in node.meta.items()
+        for leaf in pytree.tree_leaves(value)
+        if isinstance(leaf, FakeTensor)
+    ]
+
+
+def placeholder_vals(gm: torch.fx.GraphModule) -> list[Any]:
+    return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def size_key(v: object) -> object:
+    """A size as its expression: no guard is installed by comparing it."""
+    if isinstance(v, torch.SymInt):
+        expr = v.node.expr
+        return int(expr) if expr.is_number else expr
+    return v
+
+
+def metadata(t: torch.Tensor) -> tuple[object, ...]:
+    return (
+        tuple(map(size_key, t.shape)),
+        tuple(map(size_key, t.stride())),
+        size_key(t.storage_offset()),
+        t.dtype,
+        t.device,
+        t.requires_grad,
+        t.is_leaf,
+    )
+
+
+def sharing(values: list[torch.Tensor]) -> list[tuple[int, ...]]:
+    """For each value, the indices of the values sharing its storage."""
+    ids = [v.untyped_storage()._cdata for v in values]
+    return [tuple(j for j, other in enumerate(ids) if other == mine) for mine in ids]
+
+
+class Replay(torch.fx.Interpreter):
+    """Re-dispatches every node, as ExecuTorch's ExportPass does, recording outputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.outputs: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        self.outputs[n.name] = out
+        return out
+
+    @classmethod
+    def under(cls, gm: torch.fx.GraphModule, mode: StockMode) -> dict[str, Any]:
+        replay = cls(gm)
+        with mode, enable_python_dispatcher():
+            replay.run(*placeholder_vals(gm))
+        return replay.outputs
+
+
+def replay_metadata(outputs: dict[str, Any]) -> dict[str, list[object]]:
+    return {
+        name: [metadata(t) if isinstance(t, torch.Tensor) else size_key(t) for t in pytree.tree_leaves(out)]
+        for name, out in outputs.items()
+    }
+
+
+class TestAdoptValues(TestCase):
+    @parametrize("dynamic", [False, True])
+    def test_metadata_is_identical(self, dynamic: bool) -> None:
+        """Every fake value is re-created in the new mode with identical metadata."""
+        ep = export_mlp(dynamic)
+        before = [(where, metadata(t)) for where, t in fake_leaves(ep.graph_module)]
+        old_mode = fake_leaves(ep.graph_module)[0][1].fake_mode
+        mode = adopt(ep, cache_policy=backend_policy())
+        after = fake_leaves(ep.graph_module)
+        self.assertEqual([(where, metadata(t)) for where, t in after], before)
+        self.assertTrue(all(t.fake_mode is mode for _, t in after))
+        self.assertIsNot(mode, old_mode)
+        symbolic = [s for _, m in before for s in m[0] if not isinstance(s, int)]
+        self.assertEqual(bool(symbolic), dynamic)
+
+    def test_every_meta_key_moves(self) -> None:
+        """Fakes outside meta['val'] (export's eager_input_vals) move too."""
+        ep = export_mlp()
+        keys = {where.split("[")[1] for where, _ in fake_leaves(ep.graph_module)}
+        self.assertIn("eager_input_vals]", keys)
+        mode = adopt(ep)
+        self.assertTrue(all(t.fake_mode is mode for _, t in fake_leaves(ep.graph_module)))
+
+    def test_aliasing_is_preserved(self) -> None:
+        """Values sharing a storage in the old mode share one in the new mode."""
+        ep = export_mlp()
+        before = sharing([t for _, t in fake_leaves(ep.graph_module)])
+        self.assertTrue(any(len(group) > 2 for group in before))  # view, t, split alias relu_1
+        adopt(ep)
+        self.assertEqual(sharing([t for _, t in fake_leaves(ep.graph_module)]), before)
+
+    def test_autograd_views_and_odd_layouts(self) -> None:
+        """Autograd views, storage offsets, non-leaf grads and empty tensors keep their metadata."""
+        old = StockMode(shape_env=ShapeEnv())
+        x = old.from_tensor(
+            torch.empty(5, 6), symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2)
+        )
+        with old:
+            w = torch.empty(6, requires_grad=True)
+            vals = [x, w, x * w, x[1:, ::2], x[1:, ::2].t(), torch.empty_strided((2, 3), (1, 2)), torch.empty(0)]
+        graph = torch.fx.Graph()
+        nodes = [graph.placeholder(f"v{i}") for i in range(len(vals))]
+        for node, val in zip(nodes, vals, strict=True):
+            node.meta["val"] = val
+        graph.output(tuple(nodes))
+        mode = adopt(torch.fx.GraphModule(torch.nn.Module(), graph))
+        new = [n.meta["val"] for n in nodes]
+        self.assertEqual([metadata(t) for t in new], [metadata(t) for t in vals])
+        self.assertEqual(sharing(new), sharing(vals))
+        self.assertIsNotNone(new[3]._base)
+        self.assertEqual(str(mode.cache_report()), "(no dispatches)")
+
+    def test_shape_env_is_shared(self) -> None:
+        """The new mode shares the ShapeEnv: same symbols, none added, no guard installed."""
+        ep = export_mlp()
+        old_mode = detect_fake_mode(placeholder_vals(ep.graph_module))
+        shape_env = old_mode.shape_env
+        symbols, guards = dict(shape_env.var_to_range), len(shape_env.guards)
+        x_before = ep.graph_module.graph.find_nodes(op="placeholder")[-1].meta["val"]
+        mode = adopt(ep)
+        x_after = ep.graph_module.graph.find_nodes(op="placeholder")[-1].meta["val"]
+        self.assertIs(mode.shape_env, shape_env)
+        self.assertEqual((dict(shape_env.var_to_range), len(shape_env.guards)), (symbols, guards))
+        self.assertIs(x_after.shape[0].node.expr, x_before.shape[0].node.expr)
+
+    def test_settings_are_inherited(self) -> None:
+        """allow_non_fake_inputs, static_shapes, export and epoch come from the old mode; kwargs override."""
+        ep = export_mlp()
+        old = detect_fake_mode(placeholder_vals(ep.graph_module))
+        old.epoch += 3
+        mode = adopt(ep, cache_crosscheck=True, allow_fallback_kernels=False)
+        self.assertEqual(
+            (mode.allow_non_fake_inputs, mode.static_shapes, mode.fake_tensor_converter.export, mode.epoch),
+            (old.allow_non_fake_inputs, old.static_shapes, old.fake_tensor_converter.export, old.epoch),
+        )
+        self.assertTrue(mode.fake_tensor_converter.export)
+        self.assertTrue(mode.cache_crosscheck_enabled)
+        self.assertFalse(mode.allow_fallback_kernels)
+
+    def test_graph_is_unchanged(self) -> None:
+        """adopt touches node metadata only: code, nodes and signature stay."""
+        ep = export_mlp()
+        code, nodes, signature = ep.graph_module.code, list(ep.graph_module.graph.nodes), str(ep.graph_signature)
+        meta_keys = [list(n.meta) for n in nodes]
+        adopt(ep)
+        self.assertEqual(ep.graph_module.code, code)
+        self.assertEqual(list(ep.graph_module.graph.nodes), nodes)
+        self.assertEqual([list(n.meta) for n in nodes], meta_keys)
+        self.assertEqual(str(ep.graph_signature), signature)
+
+    def test_graph_module_from_make_fx(self) -> None:
+        """A plain GraphModule with fake values (make_fx, symbolic) is adopted too."""
+        gm = make_fx(lambda x, y: ((x + y).view(-1), x.t()), tracing_mode="symbolic")(
+            torch.randn(3, 4), torch.randn(3, 4)
+        )
+        before = [metadata(t) for _, t in fake_leaves(gm)]
+        mode = adopt(gm)
+        self.assertEqual([metadata(t) for _, t in fake_leaves(gm)], before)
+        self.assertIs(detect_fake_mode(placeholder_vals(gm)), mode)
+
+    def test_mode_in_graph_module_meta_is_replaced(self) -> None:
+        """A gm.meta['fake_mode'] naming the old mode names the new one afterwards."""
+        ep = export_mlp()
+        ep.graph_module.meta["fake_mode"] = detect_fake_mode(placeholder_vals(ep.graph_module))
+        mode = adopt(ep)
+        self.assertIs(ep.graph_module.meta["fake_mode"], mode)
+
+    def test_subgraphs_of_higher_order_ops(self) -> None:
+        """Values in torch.cond branch subgraphs move with the rest."""
+        ep = export(Branchy(), (torch.randn(6, 3),), dynamic_shapes={"x": {0: Dim("b")}})
+        leaves = fake_leaves(ep.graph_module)
+        self.assertGreater(len(leaves), len(list(fake_leaves_top(ep.graph_module))))
+        mode = adopt(ep)
+        self.assertTrue(all(t.fake_mode is mode for _, t in fake_leaves(ep.graph_module)))
+
+    def test_tensor_subclass_values(self) -> None:
+        """A wrapper subclass holding fakes gets its inner tensors re-created."""
+        old = StockMode()
+        with old:
+            value = TwoTensor(torch.empty(3, 4), torch.empty(3, 4))
+        graph = torch.fx.Graph()
+        node = graph.placeholder("x")
+        node.meta["val"] = value
+        graph.output(node)
+        mode = adopt(torch.fx.GraphModule(torch.nn.Module(), graph))
+        new = node.meta["val"]
+        self.assertIsInstance(new, TwoTensor)
+        self.assertTrue(new.a.fake_mode is mode and new.b.fake_mode is mode)
+        self.assertEqual(new.shape, (3, 4))
+
+
+def fake_leaves_top(gm: torch.fx.GraphModule) -> Iterator[FakeTensor]:
+    for node in gm.graph.nodes:
+        for leaf in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(leaf, FakeTensor):
+                yield leaf
+
+
+class TestAdoptAgain(TestCase):
+    def test_second_call_returns_the_same_mode(self) -> None:
+        """A second adopt returns the existing mode and re-creates nothing."""
+        ep = export_mlp()
+        policy = backend_policy()
+        mode = adopt(ep, cache_policy=policy, cache_crosscheck=True)
+        values = [t for _, t in fake_leaves(ep.graph_module)]
+        self.assertIs(adopt(ep, cache_policy=policy, cache_crosscheck=True), mode)
+        self.assertIs(adopt(ep), mode)
+        self.assertIs(adopt(ep, cache_store=mode.cache_store, allow_non_fake_inputs=mode.allow_non_fake_inputs), mode)
+        self.assertEqual([id(t) for _, t in fake_leaves(ep.graph_module)], [id(t) for t in values])
+        self.assertIs(mode.cache_policy, policy)
+
+    def test_another_policy_replaces_the_mode_policy(self) -> None:
+        """Adopting with a different policy swaps mode.cache_policy in place."""
+        ep = export_mlp()
+        mode = adopt(ep, cache_policy=backend_policy())
+        Replay.under(ep.graph_module, mode)
+        other = tcp.CachePolicy()
+        self.assertIs(adopt(ep, cache_policy=other), mode)
+        self.assertIs(mode.cache_policy, other)
+        Replay.under(ep.graph_module, mode)
+        self.assertEqual(mode.cache_report()[q_per_tensor].bypasses, {"non-builtin": 2})
+
+    def test_conflicting_store_or_settings_raise(self) -> None:
+        """A different store or setting on an adopted program is an error, not a silent no-op."""
+        ep = export_mlp()
+        adopt(ep, allow_non_fake_inputs=False)
+        with self.assertRaisesRegex(ValueError, ADOPT + ".*another CacheStore"):
+            adopt(ep, cache_store=tcp.CacheStore())
+        with self.assertRaisesRegex(ValueError, r"settings differ: allow_non_fake_inputs=True"):
+            adopt(ep, allow_non_fake_inputs=True)
+
+
+class TestAdoptErrors(TestCase):
+    def test_no_fake_values(self) -> None:
+        """A graph without fake values names adopt(...) and the fix."""
+        gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+        with self.assertRaisesRegex(ValueError, ADOPT + "the GraphModule holds no FakeTensor.*FakeTensorProp"):
+            adopt(gm)
+
+    def test_two_modes(self) -> None:
+        """Values of two different modes are refused, and the program is left as it was."""
+        ep = export_mlp()
+        node = ep.graph_module.graph.find_nodes(op="placeholder")[0]
+        node.meta["val"] = StockMode().from_tensor(torch.empty(node.meta["val"].shape))
+        before = [t for _, t in fake_leaves(ep.graph_module)]
+        with self.assertRaisesRegex(ValueError, ADOPT + "the ExportedProgram mixes 2 FakeTensorModes.*Re-export"):
+            adopt(ep)
+        self.assertEqual([id(t) for _, t in fake_leaves(ep.graph_module)], [id(t) for t in before])
+
+    def test_mode_in_meta_differs_from_values(self) -> None:
+        """A gm.meta['fake_mode'] that is not the values' mode counts as a second mode."""
+        ep = export_mlp()
+        ep.graph_module.meta["fake_mode"] = StockMode()
+        with self.assertRaisesRegex(ValueError, r"mixes 2 FakeTensorModes.*meta\['fake_mode'\]"):
+            adopt(ep)
+
+    def test_wrong_argument_types(self) -> None:
+        """Wrong types raise TypeError naming adopt(...)."""
+        with self.assertRaisesRegex(TypeError, ADOPT + ".*got Linear; pass the module through torch.export.export"):
+            adopt(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, ADOPT + "expected a torch.export.ExportedProgram.*got str"):
+            adopt("program")  # type: ignore[arg-type]
+        ep = export_mlp()
+        with self.assertRaisesRegex(TypeError, ADOPT + "cache_policy must be a torch_cachepolicy.CachePolicy"):
+            adopt(ep, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, ADOPT + "cache_store must be a torch_cachepolicy.CacheStore"):
+            adopt(ep, cache_store={})  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, ADOPT + "unexpected keyword argument 'bogus'; .* cache_crosscheck"):
+            adopt(ep, bogus=1)
+        self.assertIsInstance(adopt(ep), tcp.FakeTensorMode)  # none of the above touched it
+
+    @parametrize("damage", ["unshared", "resized"])
+    def test_a_wrong_copy_is_refused(self, damage: str) -> None:
+        """If torch's converter ever changed a value, adopt raises and leaves the program alone."""
+        ep = export_mlp()
+        before = [id(t) for _, t in fake_leaves(ep.graph_module)]
+        real_from_tensor = tcp.FakeTensorMode.from_tensor
+
+        def damaged(self: tcp.FakeTensorMode, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            out = real_from_tensor(self, t, **kwargs)
+            with self:
+                return out.clone() if damage == "unshared" else out.new_empty(out.shape[1:])
+
+        message = {
+            "unshared": "does not share storage",
+            "resized": r"differs from the original: .*shape \(16,\) \(original \(16, 16\)\)",
+        }[damage]
+        with mock.patch.object(tcp.FakeTensorMode, "from_tensor", damaged):
+            with self.assertRaisesRegex(RuntimeError, message):
+                adopt(ep)
+        self.assertEqual([id(t) for _, t in fake_leaves(ep.graph_module)], before)
+
+    def test_foreign_shape_env(self) -> None:
+        """shape_env may only name the program's own ShapeEnv."""
+        ep = export_mlp()
+        with self.assertRaisesRegex(ValueError, r"shape_env must be the program's own ShapeEnv"):
+            adopt(ep, shape_env=ShapeEnv())
+
+
+class TestAdoptedPrograms(TestCase):
+    def test_detect_fake_mode_finds_the_new_mode(self) -> None:
+        """torch's mode detection (detect_fake_mode, _detect_fake_mode_from_gm) returns the adopted mode."""
+        ep = export_mlp()
+        mode = adopt(ep)
+        self.assertIs(detect_fake_mode(placeholder_vals(ep.graph_module)), mode)
+        self.assertIs(_detect_fake_mode_from_gm(ep.graph_module), mode)
+
+    def test_run_decompositions_runs_under_the_adopted_mode(self) -> None:
+        """run_decompositions dispatches through the adopted mode, and its result keeps it."""
+        ep = export_mlp()
+        mode = adopt(ep, cache_policy=backend_policy())
+        decomposed = ep.run_decompositions()
+        info = mode.cache_info()
+        self.assertGreater(info.hits + info.misses, 0)
+        self.assertGreater(mode.cache_report()[q_per_tensor].hits, 0)
+        self.assertIs(detect_fake_mode(placeholder_vals(decomposed.graph_module)), mode)
+
+    @parametrize("dynamic", [False, True])
+    def test_replay_matches_the_original_mode(self, dynamic: bool) -> None:
+        """An ExportPass-like replay gives the same metadata under the adopted mode as under the original."""
+        ep = export_mlp(dynamic)
+        original = replay_metadata(Replay.under(ep.graph_module, detect_fake_mode(placeholder_vals(ep.graph_module))))
+        mode = adopt(ep, cache_policy=backend_policy(), cache_crosscheck=True)
+        self.assertEqual(replay_metadata(Replay.under(ep.graph_module, mode)), original)
+        self.assertEqual(replay_metadata(Replay.under(ep.graph_module, mode)), original)  # from the cache
+
+    def test_quantized_ops_hit_on_the_second_replay(self) -> None:
+        """quantized_decomposed ops are served from the adopted mode's cache on a second replay."""
+        ep = export_mlp(features=T.fresh_size())
+        mode = adopt(ep, cache_policy=backend_policy(), cache_crosscheck=True)
+        Replay.under(ep.graph_module, mode)
+        first = {op: mode.cache_report()[op] for op in (q_per_tensor, dq_per_tensor)}
+        Replay.under(ep.graph_module, mode)
+        for op, before in first.items():
+            after = mode.cache_report()[op]
+            self.assertGreater(before.misses, 0)
+            self.assertEqual((after.hits - before.hits, after.misses), (2, before.misses), msg=str(mode.cache_report()))
+
+    def test_torch_export_pass(self) -> None:
+        """torch's ExportPass base (what ExecuTorch's ExportPass extends) runs under the adopted mode."""
+        from torch._export.pass_base import _ExportPassBaseDeprecatedDoNotUse as ExportPass
+
+        ep = export(Branchy(), (torch.randn(6, 3),), dynamic_shapes={"x": {0: Dim("b")}})
+        mode = adopt(ep, cache_policy=backend_policy())
+        reports = []
+        for _ in range(2):
+            result = ExportPass()(ep.graph_module)
+            reports.append(mode.cache_report()[q_per_tensor])
+        self.assertIs(detect_fake_mode(placeholder_vals(result.graph_module)), mode)
+        first, second = reports
+        self.assertEqual((first.misses, second.misses), (1, 1))
+        self.assertEqual(second.hits - first.hits, first.calls)  # the second pass only hits
+
+    @parametrize("isolated", [False, True])
+    def test_default_and_isolated_store(self, isolated: bool) -> None:
+        """Default store: the first replay's aten ops hit what export left in torch's storage; isolated: they miss."""
+        ep = export_mlp(features=T.fresh_size())
+        mode = adopt(ep, cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=isolated))
+        Replay.under(ep.graph_module, mode)
+        first = mode.cache_report().by_namespace()
+        Replay.under(ep.graph_module, mode)
+        second = mode.cache_report().by_namespace()
+        aten_hits, aten_misses, _ = first["aten"]
+        if isolated:
+            self.assertEqual(aten_hits, 0, msg=str(mode.cache_report()))
+            self.assertGreater(aten_misses, 0)
+        else:
+            self.assertGreater(aten_hits, 0)
+            self.assertEqual(aten_misses, 0, msg=str(mode.cache_report()))
+        self.assertEqual(first["quantized_decomposed"], (1, 3, 0))  # q(x) and q(relu) differ in requires_grad
+        self.assertEqual(second["quantized_decomposed"], (5, 3, 0))
+        self.assertEqual([m for _, m, _ in second.values()], [m for _, m, _ in first.values()])
+
+
+instantiate_parametrized_tests(TestAdoptValues)
+instantiate_parametrized_tests(TestAdoptedPrograms)
+instantiate_parametrized_tests(TestAdoptErrors)
+
+
+if __name__ == "__main__":
+    run_tests()
