@@ -32,6 +32,7 @@ _lib.define("ambient_cast(Tensor x) -> Tensor")
 _lib.define("swappable(Tensor x) -> Tensor")
 _lib.define("no_fake(Tensor x) -> Tensor")
 _lib.define("twins(Tensor x) -> (Tensor, Tensor)")
+_lib.define("swappable.ovl(Tensor x, int n) -> Tensor")
 
 
 def _counted(name: str):  # type: ignore[no-untyped-def]
@@ -109,6 +110,7 @@ def swappable_v2(x: torch.Tensor) -> torch.Tensor:
 
 
 torch.library.register_fake(f"{NS}::swappable", swappable_v1, lib=_lib)
+torch.library.register_fake(f"{NS}::swappable.ovl", lambda x, n: swappable_v1(x), lib=_lib)
 
 
 def op(name: str) -> torch._ops.OpOverload:

@@ -286,23 +286,26 @@ class TestSafety(CachePolicyTestCase):
         with self.naive(), self.assertRaisesRegex(AssertionError, "exactly one tensor arg"):
             self._multi_view()
 
-    def test_reregistered_fake_kernel_is_not_served_old_entries(self) -> None:
+    @parametrize("overload", ["default", "ovl"])
+    def test_reregistered_fake_kernel_is_not_served_old_entries(self, overload: str) -> None:
         """Swapping an op's fake impl makes entries of the old kernel unused."""
-        swappable = T.op("swappable")
+        op = getattr(torch.ops.tcp_test.swappable, overload)
+        extra = () if overload == "default" else (3,)
+        name = op.name()
         mode = tcp.FakeTensorMode(cache_policy=backend_policy())
         lib = torch.library.Library(T.NS, "FRAGMENT")
         try:
             with mode:
                 x = torch.empty(4, 4)
-                self.assertEqual(swappable(x).shape, (4, 4))
-                torch.library.register_fake(f"{T.NS}::swappable", T.swappable_v2, lib=lib)
-                self.assertEqual(swappable(x).shape, (4, 1))
-                self.assertEqual(swappable(x).shape, (4, 1))
+                self.assertEqual(op(x, *extra).shape, (4, 4))
+                torch.library.register_fake(name, lambda x, *a: T.swappable_v2(x), lib=lib)
+                self.assertEqual(op(x, *extra).shape, (4, 1))
+                self.assertEqual(op(x, *extra).shape, (4, 1))
         finally:
             lib._destroy()
         self.assertEqual(T.calls["swappable"], 2)
         with mode:
-            self.assertEqual(swappable(x).shape, (4, 4))  # v1 again: its entries are still valid
+            self.assertEqual(op(x, *extra).shape, (4, 4))  # v1 again: its entries are still valid
 
     def test_context_key_separates_ambient_state(self) -> None:
         """A context_key hook keeps a kernel reading global state from being replayed stale."""
@@ -490,6 +493,24 @@ class TestIdentity(CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[conv].hits, 1)
         with self.assertRaisesRegex(TypeError, r"FakeTensorMode.cache_policy = \.\.\.: expected a torch_cachepolicy.CachePolicy, got str"):
             mode.cache_policy = "tosa"  # type: ignore[assignment]
+
+    def test_cleared_partition_stays_shared(self) -> None:
+        """After cache_clear(), modes sharing the store and policy still share entries."""
+        store = tcp.CacheStore()
+        policy = backend_policy()
+        a, b, c = (tcp.FakeTensorMode(cache_policy=policy, cache_store=store) for _ in range(3))
+        with a:
+            conv(torch.empty(1, 1, 3, 9), 1)
+        a.cache_clear()
+        self.assertEqual(len(store), 0)
+        with b:
+            conv(torch.empty(1, 1, 3, 9), 1)  # b was synced before the clear
+        self.assertEqual(len(store), 1)
+        with c:
+            conv(torch.empty(1, 1, 3, 9), 1)
+        self.assertEqual(c.cache_report()[conv].hits, 1)
+        store.clear()
+        self.assertEqual(len(store), 0)
 
     def test_cache_clear_clears_this_instance_only(self) -> None:
         """cache_clear() resets this mode; another mode's entries and counters stay."""
@@ -796,6 +817,7 @@ class TestDropIn(TestCase):
 
 
 instantiate_parametrized_tests(TestDropIn)
+instantiate_parametrized_tests(TestSafety)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,26 @@ class TestIdentity(TestCase):
         self.assertNotEqual(policy.identity, before)
         self.assertTrue(policy.is_cacheable(conv))
 
+    def test_rule_change_during_decide(self) -> None:
+        """A deny() issued while decide() runs is never lost to the memo."""
+        import threading
+
+        entered, release = threading.Event(), threading.Event()
+
+        def slow(op: Any) -> bool:
+            entered.set()
+            release.wait(10)
+            return True
+
+        policy = tcp.CachePolicy(predicate=slow, include_builtins=False)
+        thread = threading.Thread(target=policy.decide, args=(add,))
+        thread.start()
+        entered.wait(10)
+        policy.deny(add)
+        release.set()
+        thread.join()
+        self.assertFalse(policy.is_cacheable(add))
+
     def test_subclass_identity_differs(self) -> None:
         """A subclass with the same rules is another identity."""
         class Sub(tcp.CachePolicy):

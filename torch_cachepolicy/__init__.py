@@ -14,6 +14,7 @@ from torch_cachepolicy._compat import check_torch_internals
 
 check_torch_internals()
 
+from torch_cachepolicy.adopt import adopt  # noqa: E402
 from torch_cachepolicy.mode import CrosscheckError, FakeTensorMode  # noqa: E402
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
 from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
@@ -28,5 +29,6 @@ __all__ = [
     "CrosscheckError",
     "FakeTensorMode",
     "OpReport",
+    "adopt",
 ]
 __version__ = "0.1.0"

@@ -51,7 +51,7 @@ def _fake_kernel(func: OpOverload) -> object:
     # a test that swaps it). Entries computed by the old kernel must not
     # answer for the new one, so the kernel's function selects the sub-table.
     # Holding the function keeps it alive only as long as the store.
-    holder = _fake_registry.get(func._schema.name)
+    holder = _fake_registry.get(func.name())  # keyed like torch's lookup, overload included
     if holder is None:
         return None
     kernel = holder.fake_impl.kernel
@@ -139,7 +139,8 @@ class FakeTensorMode(_StockMode):
         return self._cache_store
 
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
-        """Hits, misses and bypasses of this instance; size of its store."""
+        """Hits, misses and bypasses of this instance; ``size`` counts every entry
+        of its store, which other modes may share."""
         bypasses: dict[str, int] = {}
         for stats in self._stats.values():
             for reason, n in stats.bypasses.items():
@@ -156,11 +157,11 @@ class FakeTensorMode(_StockMode):
         return CacheReport.from_stats(self._stats)
 
     def cache_clear(self) -> None:  # type: ignore[override]
-        """Resets this instance's counters and drops the entries of its policy
-        partition. torch's storage and other partitions are left alone."""
+        """Resets this instance's counters and empties its policy's partition
+        (shared by modes with equal policies on the same store). torch's
+        storage and other partitions are left alone."""
         self._stats = {}
-        self._cache_store._drop_partition(self._cache_policy.identity)
-        self._synced_identity = None
+        self._cache_store._partition(self._cache_policy.identity).clear()
 
     # ------------------------------------------------------------- dispatch
 

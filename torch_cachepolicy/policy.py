@@ -274,15 +274,19 @@ class CachePolicy:
     def context_key(self) -> Hashable:
         """The ambient context that cached backend results depend on.
 
-        Called once per dispatch of a backend op; the (hashable) value joins
-        the cache key. Default: the ``context_key`` callable given to the
-        constructor, or ``None``.
+        Called once per dispatch of a backend op; entries made under one value
+        are only served under an equal value (the value selects a sub-table of
+        the store, which acts as part of the key). Default: the
+        ``context_key`` callable given to the constructor, or ``None``.
         """
         return None if self._context_hook is None else self._context_hook()
 
     def decide(self, op: OpOverload) -> CacheDecision:
         """Whether ``op`` may be cached, and why. Memoized per OpOverload."""
-        decision = self._decisions.get(op)
+        # Capture the memo first: if a rule changes while we decide, our
+        # (old-rules) decision lands in the old memo, never in the new one.
+        memo = self._decisions
+        decision = memo.get(op)
         if decision is None:
             if not isinstance(op, OpOverload):
                 _op_rule("CachePolicy.decide(...)", op)  # raises the right TypeError
@@ -292,7 +296,7 @@ class CachePolicy:
                 )
             decision, memoize = self._decide_uncached(op)
             if memoize:
-                self._decisions[op] = decision
+                memo[op] = decision
         return decision
 
     def is_cacheable(self, op: OpOverload) -> bool:
@@ -352,7 +356,7 @@ class CachePolicy:
         if op.namespace not in BUILTIN_NAMESPACES and not keys & _FAKE_CAPABLE_KEYS:
             if op in torch._decomp.decomposition_table:
                 return CacheDecision(True, reason, "cacheable", explicit), True
-            holder = torch._library.simple_registry.singleton.get(op._schema.name)
+            holder = torch._library.simple_registry.singleton.get(op.name())
             if holder is None or holder.fake_impl.kernel is None:
                 return CacheDecision(False, f"{reason}, but it has no Meta or composite kernel, no fake impl and no decomposition", "no fake kernel"), False
         return CacheDecision(True, reason, "cacheable", explicit), True

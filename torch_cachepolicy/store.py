@@ -128,16 +128,14 @@ class CacheStore:
                 part = self._partitions.setdefault(identity, _Partition())
         return part
 
-    def _drop_partition(self, identity: Hashable) -> None:
-        with self._lock:
-            part = self._partitions.pop(identity, None)
-        if part is not None:
-            part.clear()
-
     def clear(self) -> None:
-        """Drops every entry of every partition."""
+        """Drops every entry of every partition.
+
+        Partitions are emptied in place, not replaced: modes already using one
+        keep seeing the same (now empty) partition as every other mode.
+        """
         with self._lock:
-            parts, self._partitions = list(self._partitions.values()), {}
+            parts = list(self._partitions.values())
         for part in parts:
             part.clear()
 
