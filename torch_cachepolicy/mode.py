@@ -39,22 +39,21 @@ _STOCK_SUB = ("stock",)
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _NO_RULES: Mapping[object, Any] = {}
+_NO_KWARGS: Mapping[str, object] = {}
 
 
 class CrosscheckError(RuntimeError):
     """A cache hit differed from an uncached dispatch of the same call."""
 
 
-def _fake_kernel(func: OpOverload) -> object:
+def _fake_kernel(fake_impl: Any) -> object:
     # Note [Entries belong to a fake kernel]
     # A backend may re-register an op's fake impl (a newer library version,
     # a test that swaps it). Entries computed by the old kernel must not
     # answer for the new one, so the kernel's function selects the sub-table.
     # Holding the function keeps it alive only as long as the store.
-    holder = _fake_registry.get(func.name())  # keyed like torch's lookup, overload included
-    if holder is None:
-        return None
-    kernel = holder.fake_impl.kernel
+    # `fake_impl` is the op's FakeImplHolder, fetched once per route.
+    kernel = fake_impl.kernel
     return None if kernel is None else kernel.func
 
 
@@ -118,7 +117,8 @@ class FakeTensorMode(_StockMode):
         self._stats: dict[object, OpStats] = {}
         self._synced_identity: object = None
         self._partition = _Partition()  # replaced by the policy's partition on first dispatch
-        self._routes: dict[object, tuple[int, str, bool]] = {}
+        # op -> (route, bypass label, explicitly allowed, FakeImplHolder or None)
+        self._routes: dict[object, tuple[int, str, bool, Any]] = {}
         self._has_context = False
 
     # ------------------------------------------------------------ public API
@@ -165,20 +165,22 @@ class FakeTensorMode(_StockMode):
 
     # ------------------------------------------------------------- dispatch
 
-    def __torch_dispatch__(
+    def dispatch(
         self,
         func: Any,
         types: Sequence[type],
         args: Sequence[object] = (),
-        kwargs: Mapping[str, object] | None = None,
+        kwargs: Mapping[str, object] = _NO_KWARGS,
     ) -> object:
         # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule
         # (HOPs like cond, and a few OpOverloads such as _tensor_version)
-        # get that rule, called as stock's dispatcher would call it.
+        # get that rule, called as stock's dispatcher would call it. This is
+        # `dispatch`, not `__torch_dispatch__`: torch wraps every override of
+        # the latter in a dynamo-disabling shim, which would run twice per op.
         handler = getattr(func, "python_key_table", _NO_RULES).get(_StockMode)
         if handler is not None and not _redirects_to_mode(func, handler):
             return handler(self, *args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs or {})
+        return super().dispatch(func, types, args, kwargs)
 
     def _cached_dispatch_impl(
         self,
@@ -211,7 +213,7 @@ class FakeTensorMode(_StockMode):
         on_shape_env = state.cache_on_shape_env()
         table: dict[Any, Any]
         if kind == _POLICY:
-            table = self._policy_table(func, state.shape_env if on_shape_env else None)
+            table = self._policy_table(func, route[3], state.shape_env if on_shape_env else None)
         elif self._cache_store._isolated:
             table = self._partition.table(_STOCK_SUB, state.shape_env if on_shape_env else None)
         elif on_shape_env:
@@ -282,23 +284,28 @@ class FakeTensorMode(_StockMode):
         self._has_context = policy.has_context
         self._synced_identity = identity
 
-    def _route(self, func: object) -> tuple[int, str, bool]:
+    def _route(self, func: object) -> tuple[int, str, bool, Any]:
         if not isinstance(func, OpOverload):
             # HOPs and anything else torch routes here: torch's own rules.
-            return (_STOCK, "", False)
+            return (_STOCK, "", False, None)
         policy = self._cache_policy
         decision = policy.decide(func)
+        route: tuple[int, str, bool, Any]
         if not decision.cacheable:
-            route = (_BYPASS, decision.label, False)
+            route = (_BYPASS, decision.label, False, None)
         elif func.namespace in BUILTIN_NAMESPACES:
-            route = (_STOCK, decision.label, decision.explicit)
+            route = (_STOCK, decision.label, decision.explicit, None)
         else:
-            route = (_POLICY, decision.label, decision.explicit)
+            # find() creates the registry entry if missing, as torch's own
+            # _dispatch_impl does for every op, so a fake impl registered
+            # later lands in the holder we keep.
+            holder = _fake_registry.find(func.name()).fake_impl
+            route = (_POLICY, decision.label, decision.explicit, holder)
         if func in policy._decisions:
             self._routes[func] = route
         return route
 
-    def _policy_table(self, func: OpOverload, shape_env: Any) -> _Table:
+    def _policy_table(self, func: OpOverload, fake_impl: Any, shape_env: Any) -> _Table:
         context: Hashable = None
         if self._has_context:
             try:
@@ -308,7 +315,7 @@ class FakeTensorMode(_StockMode):
                     f"{self._cache_policy!r}.context_key() raised while dispatching {func}: {e!r}"
                 ) from e
         try:
-            return self._partition.table((context, _fake_kernel(func)), shape_env)
+            return self._partition.table((context, _fake_kernel(fake_impl)), shape_env)
         except TypeError:
             raise TypeError(
                 f"{self._cache_policy!r}.context_key() returned an unhashable "
