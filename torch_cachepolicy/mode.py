@@ -87,7 +87,7 @@ class FakeTensorMode(_StockMode):
     # HigherOrderOperator.dispatch looks up `python_key_table[type(mode)]` by
     # exact type, so rules registered for torch's FakeTensorMode (cond,
     # while_loop, ..., and HOPs defined after we are imported) are invisible
-    # to a subclass. With this flag the HOP calls our __torch_dispatch__,
+    # to a subclass. With this flag the HOP calls our __torch_dispatch__ (and dispatch),
     # which forwards to the rule registered for the stock class. No HOP's
     # table is modified.
     supports_higher_order_operators = True
