@@ -6,7 +6,7 @@ PIP ?= $(PYTHON) -m pip
 # torch is pinned exactly: an open range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install install-nocpp bench bench-full lint test test-fallback test-main clean
+.PHONY: install bench bench-full lint test test-fallback test-main test-executorch clean
 
 install:
 	$(PIP) install --quiet "$(TORCH_PIN)" "typing-extensions" "expecttest" "pytest" "numpy" "ruff" "mypy"
@@ -28,10 +28,17 @@ test-fallback:
 	TORCH_CACHEPOLICY_FORCE_PYTHON=1 $(PYTHON) -m pytest -q test/test_keyset.py test/test_mode.py test/test_policy.py
 
 test-main:
-	$(PYTHON) -m pytest -q test
+	$(PYTHON) -m pytest -q test --ignore=test/integration
 
-# Lint first so that pytest's summary is the last thing printed.
-test: install lint test-fallback test-main
+# Lint first so that a pytest summary is the last thing printed; the ExecuTorch
+# tier runs after the main tests.
+test: install lint test-fallback test-main test-executorch
+
+# ExecuTorch 1.5.1 (Arm Ethos-U55 flow) as a real client. --no-deps: its own
+# requirements would replace the pinned torch.
+test-executorch: install
+	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
+	$(PYTHON) -m pytest -q test/integration
 
 clean:
 	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results

@@ -1,0 +1,359 @@
+# Owner(s): ["module: fakeTensor"]
+"""A real client: ExecuTorch 1.5.1 lowering a quantized model for Ethos-U55 under a policy mode.
+
+The same program is lowered three times with ``to_edge_transform_and_lower``:
+(a) stock, (b) under ExecuTorch PR 21700's process-global ``is_builtin`` swap,
+(c) after ``adopt(ep, cache_policy=...)``. The TOSA flatbuffer handed to Vela,
+the delegate payload and the graph code must be identical; (c) must serve
+backend ops from its cache without touching torch's global state.
+
+Needs ExecuTorch: ``make test-executorch`` installs it (``pip install
+--no-deps -r requirements-executorch.txt``) and runs this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import pkgutil
+import unittest
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, ClassVar
+from unittest import mock
+
+import torch
+import torch._library.utils as library_utils
+from torch._ops import OpOverload
+from torch._subclasses import fake_tensor as _ft
+from torch._subclasses.fake_tensor import _DispatchCacheBypassEntry
+from torch.export import ExportedProgram
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_cachepolicy as tcp
+from torch_cachepolicy.adopt import adopt
+from torch_cachepolicy.bench import executorch_flow as flow
+from torch_cachepolicy.bench.global_patch import backend_entries, global_patch, positive_backend_entries
+
+HAS_EXECUTORCH = flow.executorch_version() == flow.EXECUTORCH_VERSION
+SKIP_REASON = "ExecuTorch 1.5.1 is not installed: make test-executorch installs it"
+NAMESPACES = list(flow.BACKEND_NAMESPACES)
+ORIGINAL_IS_BUILTIN = library_utils.is_builtin
+
+
+@contextlib.contextmanager
+def vela_input() -> Iterator[list[bytes]]:
+    """Records the TOSA flatbuffer EthosUBackend hands to Vela.
+
+    With ethos-u-vela installed Vela still compiles it (the delegate payload is
+    Vela's command stream); without it, a stub returns the flatbuffer itself,
+    so the payload is the TOSA flatbuffer. Only EthosUBackend's reference is
+    patched, and only for this scope.
+    """
+    from executorch.backends.arm import arm_vela
+    from executorch.backends.arm.ethosu import backend
+
+    seen: list[bytes] = []
+    real = backend.vela_compile
+
+    def vela_compile(tosa_flatbuffer: bytes, args: list[str], *rest: Any, **kwargs: Any) -> Any:
+        seen.append(bytes(tosa_flatbuffer))
+        if not arm_vela.has_vela:
+            return arm_vela.VelaCompileResult(processed_bytes=bytes(tosa_flatbuffer))
+        return real(tosa_flatbuffer, args, *rest, **kwargs)
+
+    with mock.patch.object(backend, "vela_compile", vela_compile):
+        yield seen
+
+
+@contextlib.contextmanager
+def is_builtin_samples() -> Iterator[list[bool]]:
+    """Samples, inside every TOSA fake kernel, whether ``is_builtin`` is torch's own.
+
+    TOSA fake kernels call their module's ``get_context_spec``; wrapping that
+    name observes the kernels from inside without re-registering any of them.
+    """
+    import executorch.backends.arm.tosa.dialect.ops as ops_package
+
+    samples: list[bool] = []
+    with contextlib.ExitStack() as stack:
+        for info in pkgutil.iter_modules(ops_package.__path__):
+            module = importlib.import_module(f"{ops_package.__name__}.{info.name}")
+            real = getattr(module, "get_context_spec", None)
+            if real is None:
+                continue
+
+            def sampled(real: Callable[[], Any] = real) -> Any:
+                samples.append(library_utils.is_builtin is ORIGINAL_IS_BUILTIN)
+                return real()
+
+            stack.enter_context(mock.patch.object(module, "get_context_spec", sampled))
+        yield samples
+
+
+@contextlib.contextmanager
+def modes_created() -> Iterator[list[str]]:
+    """Records the type of every FakeTensorMode constructed in this scope."""
+    created: list[str] = []
+    real_init = _ft.FakeTensorMode.__init__
+
+    def init(self: _ft.FakeTensorMode, *args: Any, **kwargs: Any) -> None:
+        created.append(type(self).__qualname__)
+        real_init(self, *args, **kwargs)
+
+    with mock.patch.object(_ft.FakeTensorMode, "__init__", init):
+        yield created
+
+
+def program_mode(ep: ExportedProgram) -> _ft.FakeTensorMode:
+    """The mode of the program's fake values (the first placeholder's)."""
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, _ft.FakeTensor):
+            return val.fake_mode
+    raise AssertionError("the program holds no FakeTensor")
+
+
+def fake_modes_of(gm: torch.fx.GraphModule) -> set[int]:
+    """ids of the modes owning the FakeTensors in ``gm``'s node metadata."""
+    return {
+        id(node.meta["val"].fake_mode)
+        for node in gm.graph.nodes
+        if isinstance(node.meta.get("val"), _ft.FakeTensor)
+    }
+
+
+def lower(ep: ExportedProgram) -> tuple[Any, list[bytes]]:
+    """``to_edge_transform_and_lower`` for ethos-u55-128; the program and Vela's inputs."""
+    from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    compile_spec = EthosUCompileSpec("ethos-u55-128")
+    # Vela prints a summary per compiled graph.
+    with vela_input() as tosa, contextlib.redirect_stdout(io.StringIO()):
+        edge = to_edge_transform_and_lower(ep, partitioner=[EthosUPartitioner(compile_spec)])
+    return edge, tosa
+
+
+def delegate_payloads(edge: Any) -> dict[str, bytes]:
+    """``processed_bytes`` of each delegate of the lowered program, by name."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    return {
+        name: bytes(m.processed_bytes)
+        for name, m in edge.exported_program().graph_module.named_modules()
+        if isinstance(m, LoweredBackendModule)
+    }
+
+
+def torch_cache_keys() -> set[Any]:
+    """The keys of torch's class-global FakeTensor cache."""
+    return set(_ft.FakeTensorMode.cache)
+
+
+def class_counters() -> tuple[int, int, dict[str, int]]:
+    """torch's class-global hit, miss and bypass counters."""
+    return (
+        _ft.FakeTensorMode.cache_hits,
+        _ft.FakeTensorMode.cache_misses,
+        dict(_ft.FakeTensorMode.cache_bypasses),
+    )
+
+
+def key_namespace(key: Any) -> str:
+    """The namespace of a cache key's operator; "(hop)" for higher-order ops."""
+    op = key.key[0]
+    return op.namespace if isinstance(op, OpOverload) else "(hop)"
+
+
+@unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
+class TestEthosULowering(TestCase):
+    """One quantized model lowered (a) stock, (b) under the global patch, (c) adopted."""
+
+    results: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        fresh_program = flow.quantized_program_factory()
+        cls.results = {}
+
+        # (a) stock.
+        edge, tosa = lower(fresh_program())
+        cls.results["stock"] = {"edge": edge, "tosa": tosa}
+
+        # (b) PR 21700: is_builtin swapped for the process, negative entries evicted.
+        ep = fresh_program()
+        with is_builtin_samples() as samples:
+            with global_patch(NAMESPACES, shape_envs=[program_mode(ep).shape_env]):
+                edge, tosa = lower(ep)
+        cls.results["global-patch"] = {"edge": edge, "tosa": tosa, "is_builtin_samples": samples}
+
+        # (c) the policy mode, adopted by the exported program before lowering.
+        contexts: set[Hashable] = set()
+
+        def context_key() -> Hashable:
+            value = flow.tosa_context_key()
+            contexts.add(value)
+            return value
+
+        ep = fresh_program()
+        shape_env = program_mode(ep).shape_env
+        mode = adopt(ep, cache_policy=tcp.CachePolicy(namespaces=NAMESPACES, context_key=context_key))
+        is_builtin_before = library_utils.is_builtin
+        keys_before, counters_before = torch_cache_keys(), class_counters()
+        with is_builtin_samples() as samples, modes_created() as created:
+            edge, tosa = lower(ep)
+        cls.results["policy"] = {
+            "edge": edge,
+            "tosa": tosa,
+            "mode": mode,
+            "contexts": contexts,
+            "is_builtin_samples": samples,
+            "is_builtin_before": is_builtin_before,
+            "is_builtin_after": library_utils.is_builtin,
+            "new_torch_keys": torch_cache_keys() - keys_before,
+            "counters": (counters_before, class_counters()),
+            "modes_created": created,
+            "shape_env": shape_env,
+        }
+
+    def test_tosa_flatbuffer_identical(self) -> None:
+        """Vela receives the same TOSA flatbuffer in all three runs."""
+        stock = self.results["stock"]["tosa"]
+        self.assertEqual(len(stock), 1)
+        self.assertGreater(len(stock[0]), 0)
+        for config in ("global-patch", "policy"):
+            self.assertTrue(self.results[config]["tosa"] == stock, f"{config}: TOSA flatbuffer differs from stock")
+
+    def test_delegate_payload_identical(self) -> None:
+        """The delegates' processed_bytes are byte-identical in all three runs."""
+        stock = delegate_payloads(self.results["stock"]["edge"])
+        self.assertEqual(list(stock), ["lowered_module_0"])
+        for config in ("global-patch", "policy"):
+            self.assertTrue(delegate_payloads(self.results[config]["edge"]) == stock, f"{config}: payload differs")
+
+    def test_graph_code_identical(self) -> None:
+        """The lowered top-level graph has the same code in all three runs."""
+        stock = self.results["stock"]["edge"].exported_program().graph_module.code
+        self.assertIn("executorch_call_delegate", stock)
+        for config in ("global-patch", "policy"):
+            self.assertEqual(self.results[config]["edge"].exported_program().graph_module.code, stock)
+
+    def test_backend_ops_served_from_cache(self) -> None:
+        """The adopted mode hits on quantized_decomposed and tosa ops."""
+        report = self.results["policy"]["mode"].cache_report()
+        by_ns = report.by_namespace()
+        for ns in ("quantized_decomposed", "tosa"):
+            hits, misses, _ = by_ns[ns]
+            self.assertGreater(hits, misses, f"{ns}: {by_ns[ns]}")
+        self.assertGreater(report[torch.ops.tosa.RESCALE.default].hits, 0)
+        self.assertGreater(report[torch.ops.quantized_decomposed.quantize_per_tensor.default].hits, 0)
+        # No op of a registered namespace was turned away for its namespace.
+        for row in report.ops:
+            if row.namespace in NAMESPACES:
+                self.assertNotIn("non-builtin", row.bypasses, row.op)
+
+    def test_export_passes_use_the_adopted_mode(self) -> None:
+        """Every ExportPass of the lowering dispatched through the adopted mode."""
+        policy = self.results["policy"]
+        mode = policy["mode"]
+        self.assertEqual(policy["modes_created"], [])
+        # A stock mode dispatching anything would have moved torch's counters.
+        before, after = policy["counters"]
+        self.assertEqual(before, after)
+        lowered = policy["edge"].exported_program().graph_module
+        self.assertEqual(fake_modes_of(lowered), {id(mode)})
+        self.assertEqual(fake_modes_of(lowered.lowered_module_0.original_module.graph_module), {id(mode)})
+
+    def test_context_key_sees_the_tosa_spec(self) -> None:
+        """The context key was the u55 TOSA spec inside lowering, None outside."""
+        from executorch.backends.arm.ethosu import EthosUCompileSpec
+
+        spec = EthosUCompileSpec("ethos-u55-128").tosa_spec
+        self.assertEqual(self.results["policy"]["contexts"], {None, str(spec)})
+        self.assertIn("+u55", str(spec))
+
+    def test_is_builtin_untouched(self) -> None:
+        """is_builtin is torch's own before, after, and inside fake kernels under the policy."""
+        policy = self.results["policy"]
+        self.assertIs(policy["is_builtin_before"], ORIGINAL_IS_BUILTIN)
+        self.assertIs(policy["is_builtin_after"], ORIGINAL_IS_BUILTIN)
+        self.assertIs(library_utils.is_builtin, ORIGINAL_IS_BUILTIN)
+        self.assertGreater(len(policy["is_builtin_samples"]), 0)
+        self.assertTrue(all(policy["is_builtin_samples"]))
+        # The sampler does see a swap: under the global patch it was replaced.
+        patched = self.results["global-patch"]["is_builtin_samples"]
+        self.assertGreater(len(patched), 0)
+        self.assertFalse(any(patched))
+
+    def test_no_backend_entries_in_torch_cache(self) -> None:
+        """The policy run adds no backend entry to torch's class-global or ShapeEnv cache."""
+        policy = self.results["policy"]
+        new_namespaces = {key_namespace(k) for k in policy["new_torch_keys"]}
+        self.assertTrue(new_namespaces <= tcp.BUILTIN_NAMESPACES | {"(hop)"}, new_namespaces)
+        # torch.export's stock mode leaves negative ("non-builtin") entries
+        # for quantized_decomposed; a positive one would answer every mode.
+        self.assertEqual(positive_backend_entries(NAMESPACES), 0)
+        env_cache = policy["shape_env"].fake_tensor_cache
+        positive = [k for k in backend_entries(env_cache, NAMESPACES) if not isinstance(env_cache[k], _DispatchCacheBypassEntry)]
+        self.assertEqual(positive, [])
+
+
+@unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
+class TestTosaContextKey(TestCase):
+    """Why the context key is ``str(spec)``: TOSA specs that compare equal validate differently."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        import executorch.backends.arm.tosa.dialect  # noqa: F401  (defines torch.ops.tosa)
+        from executorch.backends.arm.tosa.specification import TosaSpecification
+
+        self.int16 = TosaSpecification.create_from_string("TOSA-1.0+INT+int16")
+        self.int_only = TosaSpecification.create_from_string("TOSA-1.0+INT")
+
+    def concat_twice(self, mode: _ft.FakeTensorMode) -> None:
+        """CONCAT of int16 tensors: valid under +int16, then under plain INT."""
+        from executorch.backends.arm.tosa.specification import TosaLoweringContext
+
+        with mode:
+            x = torch.empty(2, 3, dtype=torch.int16)
+            with TosaLoweringContext(self.int16):
+                torch.ops.tosa.CONCAT.default([x, x], axis=0)
+            with TosaLoweringContext(self.int_only):
+                torch.ops.tosa.CONCAT.default([x, x], axis=0)
+
+    def test_specs_compare_equal(self) -> None:
+        """TosaSpecification equality ignores extensions; its string does not."""
+        self.assertEqual(self.int16, self.int_only)
+        self.assertEqual(hash(self.int16), hash(self.int_only))
+        self.assertNotEqual(str(self.int16), str(self.int_only))
+
+    def test_context_key_reruns_kernel_per_spec(self) -> None:
+        """Keyed by str(spec), the second call runs the kernel, which rejects int16."""
+        from executorch.backends.arm.tosa.dialect.lib import TosaValueError
+
+        mode = tcp.FakeTensorMode(cache_policy=flow.executorch_policy())
+        with self.assertRaisesRegex(TosaValueError, "Unsupported dtype torch.int16 for CONCAT"):
+            self.concat_twice(mode)
+
+    def test_spec_object_key_serves_stale_result(self) -> None:
+        """Keyed by the spec object, the second call is a (wrong) hit."""
+        from executorch.backends.arm.tosa.specification import get_context_spec
+
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tosa"], context_key=get_context_spec))
+        self.concat_twice(mode)
+        self.assertEqual(mode.cache_report()[torch.ops.tosa.CONCAT.default].hits, 1)
+
+    def test_global_patch_serves_stale_result(self) -> None:
+        """PR 21700's patch has no context at all: stock rejects the second call, the patch hits."""
+        from executorch.backends.arm.tosa.dialect.lib import TosaValueError
+
+        with self.assertRaises(TosaValueError):
+            self.concat_twice(_ft.FakeTensorMode())
+        with global_patch(["tosa"]):
+            self.concat_twice(_ft.FakeTensorMode())
+
+
+if __name__ == "__main__":
+    run_tests()
