@@ -326,6 +326,22 @@ class TestSafety(CachePolicyTestCase):
         self.assertEqual(T.calls["ambient_cast"], 2)
         self.assertNotEqual(run(backend_policy()), expected)  # without the hook: stale
 
+    def test_context_namespaces_limit_the_context(self) -> None:
+        """With context_namespaces, ops of other namespaces share entries across contexts."""
+        ambient_cast = T.op("ambient_cast")
+        policy = backend_policy(context_key=lambda: T.ambient["dtype"], context_namespaces=[T.NS])
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(2, T.fresh_size())
+            for dtype in (torch.float32, torch.int8, torch.float32):
+                T.ambient["dtype"] = dtype
+                self.assertEqual(ambient_cast(x).dtype, dtype)
+                q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+        T.ambient["dtype"] = torch.float32
+        report = mode.cache_report()
+        self.assertEqual((report[ambient_cast].hits, report[ambient_cast].misses), (1, 2))
+        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 1))
+
     def test_context_key_subclass_override(self) -> None:
         """A subclass may override context_key() instead of passing a hook."""
 

@@ -227,6 +227,10 @@ class TestBadInput(TestCase):
             tcp.CachePolicy(predicate=True)  # type: ignore[arg-type]
         with self.assertRaisesRegex(TypeError, r"context_key=...\): expected a callable"):
             tcp.CachePolicy(context_key=1)  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, r"wrap it: context_namespaces=\['tosa'\]"):
+            tcp.CachePolicy(context_namespaces="tosa")  # type: ignore[arg-type]
+        with self.assertRaisesRegex(ValueError, r"CachePolicy\(context_namespaces=...\): 'tosa::' is not a namespace"):
+            tcp.CachePolicy(context_namespaces=["tosa::"])
         with self.assertRaisesRegex(ValueError, r"CachePolicy\(deny=...\): no operator"):
             tcp.CachePolicy(deny=["aten::no_such_op"])
 

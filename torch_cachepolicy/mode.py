@@ -117,9 +117,9 @@ class FakeTensorMode(_StockMode):
         self._stats: dict[object, OpStats] = {}
         self._synced_identity: object = None
         self._partition = _Partition()  # replaced by the policy's partition on first dispatch
-        # op -> (route, bypass label, explicitly allowed, FakeImplHolder or None)
+        # op -> (route, bypass label, explicitly allowed,
+        #        (FakeImplHolder, uses the policy's context) for _POLICY routes)
         self._routes: dict[object, tuple[int, str, bool, Any]] = {}
-        self._has_context = False
 
     # ------------------------------------------------------------ public API
 
@@ -281,7 +281,6 @@ class FakeTensorMode(_StockMode):
         identity = policy._identity
         self._partition = self._cache_store._partition(identity)
         self._routes = {}
-        self._has_context = policy.has_context
         self._synced_identity = identity
 
     def _route(self, func: object) -> tuple[int, str, bool, Any]:
@@ -300,14 +299,15 @@ class FakeTensorMode(_StockMode):
             # _dispatch_impl does for every op, so a fake impl registered
             # later lands in the holder we keep.
             holder = _fake_registry.find(func.name()).fake_impl
-            route = (_POLICY, decision.label, decision.explicit, holder)
+            route = (_POLICY, decision.label, decision.explicit, (holder, policy.uses_context(func)))
         if func in policy._decisions:
             self._routes[func] = route
         return route
 
-    def _policy_table(self, func: OpOverload, fake_impl: Any, shape_env: Any) -> _Table:
+    def _policy_table(self, func: OpOverload, kernel_and_context: Any, shape_env: Any) -> _Table:
+        fake_impl, uses_context = kernel_and_context
         context: Hashable = None
-        if self._has_context:
+        if uses_context:
             try:
                 context = self._cache_policy.context_key()
             except Exception as e:

@@ -161,6 +161,10 @@ class CachePolicy:
         context_key: ``f() -> Hashable`` whose value joins the cache key of
             every backend (non-builtin) op, for fake kernels that read ambient
             state. Subclasses may override :meth:`context_key` instead.
+        context_namespaces: the backend namespaces whose kernels read that
+            state (``["tosa"]``); ops of other namespaces then ignore the
+            context and are shared across its values. ``None``: every backend
+            op depends on the context.
     """
 
     def __init__(
@@ -172,6 +176,7 @@ class CachePolicy:
         deny: Iterable[OpLike] = (),
         predicate: Callable[[OpOverload], bool] | None = None,
         context_key: Callable[[], Hashable] | None = None,
+        context_namespaces: Iterable[str] | None = None,
     ) -> None:
         if not isinstance(include_builtins, bool):
             raise TypeError("CachePolicy(include_builtins=...): expected a bool")
@@ -184,6 +189,11 @@ class CachePolicy:
             raise TypeError("CachePolicy(predicate=...): expected a callable f(op) -> bool")
         if context_key is not None and not callable(context_key):
             raise TypeError("CachePolicy(context_key=...): expected a callable f() -> Hashable")
+        if isinstance(context_namespaces, (str, torch.library.Library)):
+            raise TypeError(
+                f"CachePolicy(context_namespaces=...): expected a list of namespaces; "
+                f"wrap it: context_namespaces=[{context_namespaces!r}]"
+            )
         self._lock = threading.RLock()
         self._include_builtins = include_builtins
         self._namespaces: set[str] = {
@@ -193,6 +203,13 @@ class CachePolicy:
         self._denied: set[str] = {_op_rule("CachePolicy(deny=...)", op) for op in deny}
         self._predicate = predicate
         self._context_hook = context_key
+        self._context_namespaces: frozenset[str] | None = (
+            None
+            if context_namespaces is None
+            else frozenset(
+                _check_namespace("CachePolicy(context_namespaces=...)", ns) for ns in context_namespaces
+            )
+        )
         # Note [Policy identity]
         # The identity names a cache partition. It is rebuilt (a new object)
         # on every rule change, so a mode notices a change with one `is`
@@ -247,6 +264,7 @@ class CachePolicy:
             frozenset(self._denied),
             self._predicate,
             self._context_hook,
+            self._context_namespaces,
         )
         # A fresh dict rather than clear(): a reader that fetched the old one
         # keeps a consistent (old) view.
@@ -270,6 +288,13 @@ class CachePolicy:
     def has_context(self) -> bool:
         """Whether :meth:`context_key` adds anything to cache keys."""
         return self._context_hook is not None or type(self).context_key is not CachePolicy.context_key
+
+    def uses_context(self, op: OpOverload) -> bool:
+        """Whether :meth:`context_key` is consulted for ``op`` (a backend op of
+        a context namespace, when the policy has a context at all)."""
+        if op.namespace in BUILTIN_NAMESPACES or not self.has_context:
+            return False
+        return self._context_namespaces is None or op.namespace in self._context_namespaces
 
     def context_key(self) -> Hashable:
         """The ambient context that cached backend results depend on.
@@ -388,6 +413,8 @@ class CachePolicy:
             parts.append(f"predicate={self._predicate!r}")
         if self._context_hook is not None:
             parts.append(f"context_key={self._context_hook!r}")
+        if self._context_namespaces is not None:
+            parts.append(f"context_namespaces={sorted(self._context_namespaces)}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
 

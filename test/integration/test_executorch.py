@@ -199,7 +199,12 @@ class TestEthosULowering(TestCase):
 
         ep = fresh_program()
         shape_env = program_mode(ep).shape_env
-        mode = adopt(ep, cache_policy=tcp.CachePolicy(namespaces=NAMESPACES, context_key=context_key))
+        mode = adopt(
+            ep,
+            cache_policy=tcp.CachePolicy(
+                namespaces=NAMESPACES, context_key=context_key, context_namespaces=["tosa"]
+            ),
+        )
         is_builtin_before = library_utils.is_builtin
         keys_before, counters_before = torch_cache_keys(), class_counters()
         with is_builtin_samples() as samples, modes_created() as created:
@@ -267,11 +272,11 @@ class TestEthosULowering(TestCase):
         self.assertEqual(fake_modes_of(lowered.lowered_module_0.original_module.graph_module), {id(mode)})
 
     def test_context_key_sees_the_tosa_spec(self) -> None:
-        """The context key was the u55 TOSA spec inside lowering, None outside."""
+        """The context key, consulted for tosa ops only, saw the u55 TOSA spec."""
         from executorch.backends.arm.ethosu import EthosUCompileSpec
 
         spec = EthosUCompileSpec("ethos-u55-128").tosa_spec
-        self.assertEqual(self.results["policy"]["contexts"], {None, str(spec)})
+        self.assertEqual(self.results["policy"]["contexts"], {str(spec)})
         self.assertIn("+u55", str(spec))
 
     def test_is_builtin_untouched(self) -> None:

@@ -117,8 +117,11 @@ def tosa_context_key() -> Hashable:
 
 
 def executorch_policy() -> tcp.CachePolicy:
-    """The policy for ExecuTorch's Arm flow: PR 21700's namespaces, keyed by the TOSA spec."""
-    return tcp.CachePolicy(namespaces=list(BACKEND_NAMESPACES), context_key=tosa_context_key)
+    """The policy for ExecuTorch's Arm flow: PR 21700's namespaces; only ``tosa``
+    fake kernels read the active TOSA spec, so only they are keyed by it."""
+    return tcp.CachePolicy(
+        namespaces=list(BACKEND_NAMESPACES), context_key=tosa_context_key, context_namespaces=["tosa"]
+    )
 
 
 class TinyConvNet(torch.nn.Module):
