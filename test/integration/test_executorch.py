@@ -105,13 +105,7 @@ def modes_created() -> Iterator[list[str]]:
         yield created
 
 
-def program_mode(ep: ExportedProgram) -> _ft.FakeTensorMode:
-    """The mode of the program's fake values (the first placeholder's)."""
-    for node in ep.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, _ft.FakeTensor):
-            return val.fake_mode
-    raise AssertionError("the program holds no FakeTensor")
+program_mode = flow.program_mode
 
 
 def fake_modes_of(gm: torch.fx.GraphModule) -> set[int]:

@@ -65,6 +65,7 @@ __all__ = [
     "render_markdown",
     "run",
     "tosa_context_key",
+    "program_mode",
 ]
 
 BACKEND_NAMESPACES: tuple[str, ...] = ("quantized_decomposed", "tosa", "dim_order_ops", "cortex_m")
@@ -177,7 +178,8 @@ def quantized_program_factory(seed: int = 0) -> Callable[[], ExportedProgram]:
     return export
 
 
-def _program_mode(ep: ExportedProgram) -> _ft.FakeTensorMode:
+def program_mode(ep: ExportedProgram) -> _ft.FakeTensorMode:
+    """The fake mode of the program's placeholders, the one ExportPass reuses."""
     for node in ep.graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, _ft.FakeTensor):
@@ -274,7 +276,7 @@ def lower(ep: ExportedProgram, config: str, *, policy: tcp.CachePolicy | None = 
         mode = adopt(ep, cache_policy=policy or executorch_policy(), cache_store=store)
         setup = time.perf_counter() - start
     elif config == "global-patch":
-        scope = global_patch(BACKEND_NAMESPACES, shape_envs=[_program_mode(ep).shape_env])
+        scope = global_patch(BACKEND_NAMESPACES, shape_envs=[program_mode(ep).shape_env])
     hits0, misses0 = _ft.FakeTensorMode.cache_hits, _ft.FakeTensorMode.cache_misses
     out = io.StringIO()
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
