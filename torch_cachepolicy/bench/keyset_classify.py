@@ -4,7 +4,7 @@ Both paths compute, for every operator registered in this process, the bitmask
 over :data:`keyset.KEYS` of keys that have a kernel registered directly: the C++
 helper in one batched call, the fallback with one dispatcher query per
 (operator, key) pair. Turning masks into frozensets is common to both and left
-out. Run it with ``python -m torch_cachepolicy.bench_keyset``.
+out. Run it with ``python -m torch_cachepolicy.bench.keyset_classify``.
 """
 
 from __future__ import annotations
