@@ -193,6 +193,7 @@ class TestSafety(CachePolicyTestCase):
         with (
             mock.patch.object(mode_module, "_check_backend_op", lambda *a, **k: None),
             mock.patch.object(mode_module, "_check_backend_output", lambda *a, **k: None),
+            mock.patch.object(mode_module, "_check_entry_aliasing", lambda *a, **k: None),
         ):
             yield
 
@@ -246,6 +247,21 @@ class TestSafety(CachePolicyTestCase):
         self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, True])
         with self.naive():
             self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, False])
+
+    @parametrize("store", ["shared", "isolated"])
+    def test_builtin_alias_that_is_not_a_view(self, store: str) -> None:
+        """prims.as_strided returns Tensor(a!) on its input's storage: never replayed unaliased."""
+        op = torch.ops.prims.as_strided.default
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=store == "isolated"), cache_crosscheck=True)
+        with mode:
+            x = torch.empty(2, T.fresh_size())
+            outs = [op(x, [3, 2], [1, 3], 0) for _ in range(3)]
+        self.assertEqual({storage(o) for o in outs}, {storage(x)})
+        self.assertBypassed(mode, op, "output aliasing a cache hit would not reproduce", 3)
+        with self.naive(), tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True)):
+            x = torch.empty(2, 3)
+            outs = [op(x, [3, 2], [1, 3], 0) for _ in range(2)]
+        self.assertNotEqual(storage(outs[1]), storage(x))
 
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""

@@ -246,7 +246,7 @@ class TestBadInput(TestCase):
 
         with self.assertRaisesRegex(RuntimeError, r"the predicate .*boom.* raised for tcp_test.conv.default"):
             tcp.CachePolicy(predicate=boom).decide(conv)
-        with self.assertRaisesRegex(TypeError, r"returned int for tcp_test.conv.default; it must return a bool"):
+        with self.assertRaisesRegex(TypeError, r"returned int for tcp_test.conv.default; it must return a Python bool"):
             tcp.CachePolicy(predicate=lambda op: 1).decide(conv)  # type: ignore[arg-type,return-value]
 
     def test_context_key_errors(self) -> None:

@@ -117,8 +117,10 @@ class FakeTensorMode(_StockMode):
         self._stats: dict[object, OpStats] = {}
         self._synced_identity: object = None
         self._partition = _Partition()  # replaced by the policy's partition on first dispatch
-        # op -> (route, bypass label, explicitly allowed,
-        #        (FakeImplHolder, uses the policy's context) for _POLICY routes)
+        # op -> (route, bypass label, explicitly allowed, extra), where extra is
+        # (FakeImplHolder, uses the policy's context) for _POLICY routes and,
+        # for _STOCK routes, whether entries must stay out of torch's storage
+        # (Note [Entries that must reproduce aliasing]).
         self._routes: dict[object, tuple[int, str, bool, Any]] = {}
 
     # ------------------------------------------------------------ public API
@@ -141,13 +143,16 @@ class FakeTensorMode(_StockMode):
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
         """Hits, misses and bypasses of this instance; ``size`` counts every entry
         of its store, which other modes may share."""
+        # list()/dict() copy in C, so another thread may read while this mode
+        # dispatches without "dictionary changed size during iteration".
+        all_stats = list(self._stats.values())
         bypasses: dict[str, int] = {}
-        for stats in self._stats.values():
-            for reason, n in stats.bypasses.items():
+        for stats in all_stats:
+            for reason, n in dict(stats.bypasses).items():
                 bypasses[reason] = bypasses.get(reason, 0) + n
         return DispatchCacheInfo(
-            sum(s.hits for s in self._stats.values()),
-            sum(s.misses for s in self._stats.values()),
+            sum(s.hits for s in all_stats),
+            sum(s.misses for s in all_stats),
             bypasses,
             len(self._cache_store),
         )
@@ -214,7 +219,7 @@ class FakeTensorMode(_StockMode):
         table: dict[Any, Any]
         if kind == _POLICY:
             table = self._policy_table(func, route[3], state.shape_env if on_shape_env else None)
-        elif self._cache_store._isolated:
+        elif self._cache_store._isolated or route[3]:
             table = self._partition.table(_STOCK_SUB, state.shape_env if on_shape_env else None)
         elif on_shape_env:
             assert state.shape_env is not None
@@ -238,12 +243,17 @@ class FakeTensorMode(_StockMode):
             if kind == _POLICY:
                 _check_backend_op(func, args, explicit=route[2])
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
+            # After torch's validation: outputs are now known to be dense
+            # FakeTensors (or scalars), whose storages can be compared.
             if kind == _POLICY:
-                # After torch's validation: outputs are now known to be dense
-                # FakeTensors (or scalars), whose storages can be compared.
                 _check_backend_output(state, func, args, output)
+            _check_entry_aliasing(entry, args, kwargs, output)
         except _BypassDispatchCache as e:
             stats.bypass(e.reason)
+            if table is _StockMode.cache or (on_shape_env and table is state.shape_env.fake_tensor_cache):  # type: ignore[union-attr]
+                # Never leave a verdict of ours in torch's storage; see
+                # Note [Entries that must reproduce aliasing].
+                return output
             entry = _DispatchCacheBypassEntry(e.reason)
         else:
             stats.misses += 1
@@ -293,7 +303,7 @@ class FakeTensorMode(_StockMode):
         if not decision.cacheable:
             route = (_BYPASS, decision.label, False, None)
         elif func.namespace in BUILTIN_NAMESPACES:
-            route = (_STOCK, decision.label, decision.explicit, None)
+            route = (_STOCK, decision.label, decision.explicit, _returns_undeclared_view(func))
         else:
             # find() creates the registry entry if missing, as torch's own
             # _dispatch_impl does for every op, so a fake impl registered
@@ -433,6 +443,50 @@ def _check_backend_output(
                 raise _BypassDispatchCache("output aliases an input without a schema annotation")
 
 
+def _returns_undeclared_view(func: OpOverload) -> bool:
+    """Whether ``func`` returns an alias (``Tensor(a)``/``Tensor(a!)``) without being a view op."""
+    return not func.is_view and any(r.alias_info is not None for r in func._schema.returns)
+
+
+def _check_entry_aliasing(
+    entry: Any, args: Sequence[object], kwargs: Mapping[str, object], output: object
+) -> None:
+    """Bypasses unless a hit built from ``entry`` shares storage exactly as ``output`` does.
+
+    Note [Entries that must reproduce aliasing]
+    torch's entry reproduces aliasing in two ways only: an in-place output is
+    the input object itself, and a view op's output is rebuilt on its single
+    tensor argument's storage. Any other output gets fresh storage on a hit.
+    Some schemas return an alias without being views (prims.as_strided
+    returns ``Tensor(a!)``, a new tensor on its input's storage), so stock
+    replays them unaliased, and stock's crosscheck does not notice. We check
+    every entry on the miss that creates it. Ops with such schemas keep their
+    entries in our store rather than torch's, because a stock mode may have
+    put a wrong entry there first; and a verdict of ours is never written into
+    torch's storage, where stock modes would read it.
+    """
+    outputs = output if isinstance(output, tuple) else (output,)
+    infos = entry.output_infos
+    if len(infos) != len(outputs):
+        raise _BypassDispatchCache("entry does not match the output structure")
+    input_storages = {
+        _storage_id(a) for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)
+    }
+    fresh: set[int] = set()
+    for out, info in zip(outputs, infos, strict=True):
+        if not isinstance(out, FakeTensor) or info.inplace_idx is not None:
+            continue
+        sid = _storage_id(out)
+        if info.view_idx is not None:
+            view_arg = args[info.view_idx]
+            reproduced = isinstance(view_arg, FakeTensor) and _storage_id(view_arg) == sid
+        else:
+            reproduced = sid not in input_storages and sid not in fresh
+            fresh.add(sid)
+        if not reproduced:
+            raise _BypassDispatchCache("output aliasing a cache hit would not reproduce")
+
+
 def _alias_signature(value: object, args: Sequence[object]) -> list[tuple[int, ...]]:
     """For each tensor in ``value``, the positions of inputs sharing its storage."""
     inputs = [(i, a) for i, a in enumerate(pytree.tree_leaves(args)) if isinstance(a, torch.Tensor)]
@@ -444,7 +498,16 @@ def _alias_signature(value: object, args: Sequence[object]) -> list[tuple[int, .
     return signature
 
 
+def _plain(value: object) -> object:
+    # A meta kernel may return a namedtuple (aminmax, native_layer_norm, ...)
+    # where a hit builds a plain tuple; callers get a plain tuple either way.
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 def _assert_same_output(expected: object, actual: object, args: Sequence[object]) -> None:
+    expected, actual = _plain(expected), _plain(actual)
     exp_leaves, exp_spec = pytree.tree_flatten(expected)
     act_leaves, act_spec = pytree.tree_flatten(actual)
     if exp_spec != act_spec:

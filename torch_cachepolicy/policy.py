@@ -180,7 +180,7 @@ class CachePolicy:
     ) -> None:
         if not isinstance(include_builtins, bool):
             raise TypeError("CachePolicy(include_builtins=...): expected a bool")
-        if isinstance(namespaces, (str, torch.library.Library)):
+        if isinstance(namespaces, (str, bytes, torch.library.Library)):
             raise TypeError(
                 f"CachePolicy(namespaces=...): expected a list of namespaces; "
                 f"wrap it: namespaces=[{namespaces!r}]"
@@ -189,7 +189,7 @@ class CachePolicy:
             raise TypeError("CachePolicy(predicate=...): expected a callable f(op) -> bool")
         if context_key is not None and not callable(context_key):
             raise TypeError("CachePolicy(context_key=...): expected a callable f() -> Hashable")
-        if isinstance(context_namespaces, (str, torch.library.Library)):
+        if isinstance(context_namespaces, (str, bytes, torch.library.Library)):
             raise TypeError(
                 f"CachePolicy(context_namespaces=...): expected a list of namespaces; "
                 f"wrap it: context_namespaces=[{context_namespaces!r}]"
@@ -314,10 +314,11 @@ class CachePolicy:
         decision = memo.get(op)
         if decision is None:
             if not isinstance(op, OpOverload):
-                _op_rule("CachePolicy.decide(...)", op)  # raises the right TypeError
+                hop = isinstance(op, torch._ops.HigherOrderOperator)
                 raise TypeError(
-                    f"CachePolicy.decide(...): expected an OpOverload, got "
-                    f"{type(op).__name__}; use torch.ops.ns.name.overload"
+                    f"CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), "
+                    f"got {_type_name(op)}"
+                    + ("; higher-order operators are cached by torch's own rules, not by a policy" if hop else "")
                 )
             decision, memoize = self._decide_uncached(op)
             if memoize:
@@ -397,7 +398,7 @@ class CachePolicy:
         if not isinstance(result, bool):
             raise TypeError(
                 f"CachePolicy: the predicate {self._predicate!r} returned "
-                f"{type(result).__name__} for {op}; it must return a bool"
+                f"{_type_name(result)} for {op}; it must return a Python bool"
             )
         return result
 
@@ -416,6 +417,12 @@ class CachePolicy:
         if self._context_namespaces is not None:
             parts.append(f"context_namespaces={sorted(self._context_namespaces)}")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _type_name(obj: object) -> str:
+    """``int``, but ``numpy.bool`` for types outside the builtins."""
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _which(overload: str, packet: str, rules: set[str]) -> str:

@@ -48,8 +48,8 @@ class CacheReport:
     @classmethod
     def from_stats(cls, stats: dict[object, OpStats]) -> CacheReport:
         rows = [
-            OpReport(_op_name(op), s.hits, s.misses, dict(sorted(s.bypasses.items())))
-            for op, s in stats.items()
+            OpReport(_op_name(op), s.hits, s.misses, dict(sorted(dict(s.bypasses).items())))
+            for op, s in list(stats.items())
         ]
         return cls(tuple(sorted(rows, key=lambda r: r.op)))
 

@@ -1,0 +1,541 @@
+# Owner(s): ["module: fakeTensor"]
+"""Seeded random policies and random sequences of rule changes and dispatches.
+
+For every seed, a ``random.Random(seed)`` builds random policies, gives them
+to two modes (sometimes sharing one policy, sometimes one store), and then
+interleaves ``register_namespace`` / ``register_op`` / ``deny`` / policy
+replacement with dispatches of tcp_test, quantized_decomposed and aten ops.
+After every step:
+
+* ``policy.decide(op).cacheable`` (and the label) equals a small reference
+  model of the rules: deny > allow > builtins / namespaces > predicate > not
+  cacheable, then the two structural exclusions the universe contains (a
+  CompositeImplicitAutograd view, an op without a fake kernel);
+* every dispatch returns what an uncached dispatch of the same call in the
+  same mode returns (metadata, values, aliasing), with crosscheck on;
+* the dispatch is counted as the model predicts: a bypass with the decision's
+  label, a backend safety bypass, or a hit exactly when an equal key was
+  computed before under an equal policy, in the same store, under the same
+  context value (for backend ops of the policy's ``context_namespaces``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import random
+import re
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import cachepolicy_testing as T
+import torch
+from test_opinfo_crosscheck import alias_signature, output_difference
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import disable_fake_tensor_cache, extract_tensor_metadata
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+import torch_cachepolicy as tcp
+
+SEEDS = range(12)
+STEPS = 150
+BUILTIN = {"aten", "prim", "prims"}
+NAMESPACES = [T.NS, "quantized_decomposed", "aten", "tosa_fuzz_never_defined"]
+
+aten, qd = torch.ops.aten, torch.ops.quantized_decomposed
+
+# The operator universe: name -> (op, argument builder from a pool of fake tensors).
+Pool = dict[str, torch.Tensor]
+Builder = Callable[[Pool, random.Random], tuple[Any, ...]]
+
+
+def _2d(p: Pool, r: random.Random) -> torch.Tensor:
+    return p[r.choice(["a", "b", "sq"])]
+
+
+UNIVERSE: dict[str, tuple[OpOverload, Builder]] = {
+    "conv": (T.op("conv"), lambda p, r: (p[r.choice(["c1", "c2"])], r.choice([1, 2]))),
+    "pair": (T.op("pair"), lambda p, r: (_2d(p, r),)),
+    "size0": (T.op("size0"), lambda p, r: (_2d(p, r),)),
+    "dyn": (T.op("dyn"), lambda p, r: (_2d(p, r),)),
+    "bad_view": (T.op("bad_view"), lambda p, r: (_2d(p, r),)),
+    "good_view": (T.op("good_view"), lambda p, r: (_2d(p, r),)),
+    "multi_view": (T.op("multi_view"), lambda p, r: (_2d(p, r), p["v"])),
+    "mut": (T.op("mut"), lambda p, r: (_2d(p, r),)),
+    "no_fake": (T.op("no_fake"), lambda p, r: (_2d(p, r),)),
+    "quantize": (qd.quantize_per_tensor.default, lambda p, r: (_2d(p, r), 0.1, 0, -128, 127, torch.int8)),
+    "dequantize": (qd.dequantize_per_tensor.default, lambda p, r: (p["i8"], r.choice([0.1, 0.5]), 0, -128, 127, torch.int8)),
+    "add": (aten.add.Tensor, lambda p, r: (_2d(p, r),) * 2),
+    "sin": (aten.sin.default, lambda p, r: (_2d(p, r),)),
+    "t": (aten.t.default, lambda p, r: (_2d(p, r),)),
+    "mm": (aten.mm.default, lambda p, r: (p["sq"], p["sq"])),
+    "sum": (aten.sum.dim_IntList, lambda p, r: (_2d(p, r), [r.choice([0, 1])])),
+}
+# Decided on, never dispatched: a CompositeImplicitAutograd view decomposes
+# before it reaches any Python mode, so no mode ever counts it.
+OPS = [op for op, _ in UNIVERSE.values()] + [aten.view_as.default]
+# The structural exclusions present in the universe (checked in test_universe).
+CIA_VIEWS = {aten.view_as.default}
+NO_FAKE_KERNEL = {T.op("no_fake")}
+# Backend ops that a per-call safety check always bypasses, and the reason.
+SAFETY = {
+    T.op("dyn"): "unbacked symbol in scalar output",
+    T.op("bad_view"): "output aliases an input without a schema annotation",
+    T.op("multi_view"): "view op with several tensor arguments",
+}
+MUTATES = (T.op("mut"), "mutates an argument (allow it with register_op)")
+
+
+def make_pool() -> Pool:
+    """Called inside a mode: the fake tensors dispatches draw their arguments from."""
+    return {
+        "a": torch.empty(3, 4),
+        "b": torch.empty(2, 5),
+        "sq": torch.empty(4, 4),
+        "v": torch.empty(4),
+        "c1": torch.empty(1, 2, 4, 4),
+        "c2": torch.empty(2, 1, 5, 5),
+        "i8": torch.empty(3, 4, dtype=torch.int8),
+    }
+
+
+# The ambient state context hooks report; the fuzzer switches it.
+CONTEXT = {"spec": "tosa-1.0"}
+SPECS = ["tosa-1.0", "tosa-1.1"]
+
+
+def spec_context() -> Hashable:
+    """A context hook shared by policies, so equal rules still mean equal partitions."""
+    return CONTEXT["spec"]
+
+
+class NamePredicate:
+    """predicate=: accepts the ops whose name is in ``names``."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def __call__(self, op: OpOverload) -> bool:
+        return op.name() in self.names
+
+    def __repr__(self) -> str:
+        return f"NamePredicate({sorted(self.names)})"
+
+
+# ----------------------------------------------------------- reference model
+
+
+def overload_rule(op: OpOverload) -> str:
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+@dataclass
+class Model:
+    """The rules of one CachePolicy, kept independently of it."""
+
+    policy: tcp.CachePolicy
+    include_builtins: bool
+    namespaces: set[str] = field(default_factory=set)
+    allow: set[str] = field(default_factory=set)
+    deny: set[str] = field(default_factory=set)
+    predicate: NamePredicate | None = None
+    context: Callable[[], Hashable] | None = None
+    context_namespaces: frozenset[str] | None = None
+
+    def identity(self) -> Hashable:
+        return (
+            self.include_builtins,
+            frozenset(self.namespaces),
+            frozenset(self.allow),
+            frozenset(self.deny),
+            self.predicate,
+            self.context,
+            self.context_namespaces,
+        )
+
+    def context_value(self, op: OpOverload) -> Hashable:
+        """The context an entry of ``op`` is made under: backend ops of a context namespace only."""
+        if self.context is None or op.namespace in BUILTIN:
+            return None
+        if self.context_namespaces is not None and op.namespace not in self.context_namespaces:
+            return None
+        return self.context()
+
+    def decide(self, op: OpOverload) -> tuple[bool, str, bool]:
+        """(cacheable, label, explicit) by the documented rules."""
+        rules = {overload_rule(op), op._schema.name}
+        if rules & self.deny:
+            return False, "denied by policy", False
+        explicit = bool(rules & self.allow)
+        builtin = op.namespace in BUILTIN
+        admitted = (
+            explicit
+            or (builtin and self.include_builtins)
+            or op.namespace in self.namespaces
+            or (self.predicate is not None and self.predicate(op))
+        )
+        if not admitted:
+            return False, "builtin excluded by policy" if builtin else "non-builtin", False
+        if op in CIA_VIEWS:
+            return False, "CompositeImplicitAutograd", False
+        if op in NO_FAKE_KERNEL:
+            return False, "no fake kernel", False
+        return True, "cacheable", explicit
+
+
+def rule_form(op: OpOverload, r: random.Random) -> tuple[object, str]:
+    """A random way to name ``op`` (or its packet) in a rule, and the rule it means."""
+    packet = getattr(getattr(torch.ops, op.namespace), op._schema.name.split("::")[1])
+    return r.choice(
+        [
+            (op, overload_rule(op)),
+            (overload_rule(op), overload_rule(op)),
+            (packet, op._schema.name),
+            (op._schema.name, op._schema.name),
+        ]
+    )
+
+
+def random_policy(r: random.Random) -> Model:
+    include_builtins = r.random() < 0.7
+    namespaces = set(r.sample(NAMESPACES, r.randint(0, 2)))
+    allow, deny = {}, {}
+    for target in (allow, deny):
+        for op in r.sample(OPS, r.randint(0, 2)):
+            form, rule = rule_form(op, r)
+            target[rule] = form
+    predicate = NamePredicate(frozenset(op.name() for op in r.sample(OPS, 3))) if r.random() < 0.3 else None
+    context = spec_context if r.random() < 0.4 else None
+    context_namespaces = frozenset(r.sample(NAMESPACES[:2], r.randint(0, 2))) if r.random() < 0.5 else None
+    policy = tcp.CachePolicy(
+        namespaces=sorted(namespaces),
+        include_builtins=include_builtins,
+        allow=list(allow.values()),
+        deny=list(deny.values()),
+        predicate=predicate,
+        context_key=context,
+        context_namespaces=None if context_namespaces is None else sorted(context_namespaces),
+    )
+    return Model(policy, include_builtins, namespaces, set(allow), set(deny), predicate, context, context_namespaces)
+
+
+# --------------------------------------------------------------------- fuzzer
+
+
+def metadata_key(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        md = extract_tensor_metadata(value)  # what torch's cache key holds for a tensor
+        return tuple(getattr(md, f.name) for f in dataclasses.fields(md))
+    if isinstance(value, (list, tuple)):
+        return tuple(metadata_key(v) for v in value)
+    return (type(value), value)
+
+
+@dataclass
+class ModeUnderTest:
+    mode: tcp.FakeTensorMode
+    model: Model
+    seen: set[Hashable]  # keys computed so far in this mode's store (shared by modes sharing it)
+    exact: bool  # isolated store: aten hits are predictable too
+    pool: Pool
+
+
+class Fuzzer:
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+        self.log: list[str] = []
+        self.outcomes: collections.Counter[str] = collections.Counter()
+        self.symbols: dict[int, set[object]] = collections.defaultdict(set)  # per mode (ShapeEnv)
+        self.models: list[Model] = []
+        shared_store = self.r.random() < 0.5
+        isolated = self.r.random() < 0.75
+        stores = [tcp.CacheStore(isolated=isolated)] * 2 if shared_store else [tcp.CacheStore(isolated=isolated) for _ in range(2)]
+        seen_sets: list[set[Hashable]] = [set()] * 2 if shared_store else [set(), set()]
+        self.modes = []
+        for store, seen in zip(stores, seen_sets, strict=True):
+            model = self.new_model()
+            mode = tcp.FakeTensorMode(cache_policy=model.policy, cache_store=store, cache_crosscheck=True, shape_env=ShapeEnv())
+            with mode:
+                pool = make_pool()
+            self.modes.append(ModeUnderTest(mode, model, seen, isolated, pool))
+        self.log.append(f"stores shared={shared_store} isolated={isolated}; policies {[m.model.policy for m in self.modes]}")
+
+    def new_model(self) -> Model:
+        if self.models and self.r.random() < 0.3:
+            return self.r.choice(self.models)  # the same policy object in several places
+        model = random_policy(self.r)
+        self.models.append(model)
+        return model
+
+    # The actions; each appends a line to the log, which failure messages print.
+
+    def register_namespace(self) -> None:
+        model, ns = self.r.choice(self.models), self.r.choice(NAMESPACES)
+        self.log.append(f"{model.policy!r}.register_namespace({ns!r})")
+        lib_form = T._lib if ns == T.NS and self.r.random() < 0.5 else ns
+        self.check_decorator(model.policy.register_namespace(lib_form))
+        model.namespaces.add(ns)
+
+    def register_op(self) -> None:
+        model = self.r.choice(self.models)
+        form, rule = rule_form(self.r.choice(OPS), self.r)
+        self.log.append(f"{model.policy!r}.register_op({form!r})")
+        self.check_decorator(model.policy.register_op(form))
+        model.allow.add(rule)
+
+    def deny(self) -> None:
+        model = self.r.choice(self.models)
+        form, rule = rule_form(self.r.choice(OPS), self.r)
+        self.log.append(f"{model.policy!r}.deny({form!r})")
+        self.check_decorator(model.policy.deny(form))
+        model.deny.add(rule)
+
+    def replace_policy(self) -> None:
+        target = self.r.choice(self.modes)
+        target.model = self.new_model()
+        self.log.append(f"mode.cache_policy = {target.model.policy!r}")
+        target.mode.cache_policy = target.model.policy
+
+    def switch_context(self) -> None:
+        CONTEXT["spec"] = self.r.choice(SPECS)
+        self.log.append(f"context -> {CONTEXT['spec']}")
+
+    def check_decorator(self, registrar: Any) -> None:
+        sentinel = object()
+        if registrar(sentinel) is not sentinel:
+            raise AssertionError("a register_* result did not hand the decorated object back")
+
+    def dispatch(self) -> None:
+        m = self.r.choice(self.modes)
+        name = self.r.choice(list(UNIVERSE))
+        op, build = UNIVERSE[name]
+        args = build(m.pool, self.r)
+        self.log.append(f"dispatch {name}{tuple(metadata_key(a) if not isinstance(a, torch.Tensor) else tuple(a.shape) for a in args)}")
+        cacheable, label, explicit = m.model.decide(op)
+        before_row = self.row(m.mode, op)
+        with m.mode:
+            try:
+                out: object = op(*args)
+                error: str | None = None
+            except tcp.CrosscheckError:
+                raise
+            except Exception as e:
+                out, error = None, type(e).__name__
+            with disable_fake_tensor_cache(m.mode):
+                try:
+                    ref: object = op(*args)
+                    ref_error: str | None = None
+                except Exception as e:
+                    ref, ref_error = None, type(e).__name__
+        if error != ref_error:
+            raise AssertionError(f"{name}: raised {error}, uncached raised {ref_error}")
+        if error is None:
+            self.check_output(name, op, args, out, ref, self.symbols[id(m.mode)])
+        row = self.row(m.mode, op)
+        assert row is not None
+        hits = row.hits - (before_row.hits if before_row else 0)
+        misses = row.misses - (before_row.misses if before_row else 0)
+        bypasses = collections.Counter(row.bypasses)
+        bypasses.subtract(before_row.bypasses if before_row else {})
+        bypasses = +bypasses
+        outcome = f"bypass: {next(iter(bypasses))}" if bypasses else ("hit" if hits else "miss")
+        if hits + misses + sum(bypasses.values()) != 1:
+            raise AssertionError(f"{name}: one dispatch counted as {hits} hits, {misses} misses, {dict(bypasses)}")
+        expected = self.expected_outcome(m, op, args, cacheable, label, explicit)
+        if expected is not None and outcome != expected:
+            raise AssertionError(f"{name}: {outcome}, the model expected {expected}")
+        self.outcomes[outcome if outcome in ("hit", "miss") else "bypass"] += 1
+
+    @staticmethod
+    def row(mode: tcp.FakeTensorMode, op: OpOverload) -> tcp.OpReport | None:
+        try:
+            return mode.cache_report()[op]
+        except KeyError:
+            return None
+
+    def expected_outcome(
+        self, m: ModeUnderTest, op: OpOverload, args: tuple[Any, ...], cacheable: bool, label: str, explicit: bool
+    ) -> str | None:
+        """'hit', 'miss', 'bypass: reason', or None when it depends on torch's shared storage."""
+        if not cacheable:
+            return f"bypass: {label}"
+        if op in SAFETY:
+            return f"bypass: {SAFETY[op]}"
+        if op is MUTATES[0] and not explicit:
+            return f"bypass: {MUTATES[1]}"
+        if op.namespace in BUILTIN and not m.exact:
+            return None  # torch's class-global storage may already hold it
+        key = (m.model.identity(), m.model.context_value(op), op, metadata_key(args))
+        if key in m.seen:
+            return "hit"
+        m.seen.add(key)
+        return "miss"
+
+    def check_output(
+        self, name: str, op: OpOverload, args: tuple[Any, ...], out: object, ref: object, seen_symbols: set[object]
+    ) -> None:
+        if op is T.op("dyn"):
+            # Each call must get a fresh unbacked symbol, as uncached.
+            for value in (out, ref):
+                symbols = free_unbacked_symbols(value)
+                if not symbols or symbols & seen_symbols:
+                    raise AssertionError(f"dyn returned {value}, not a fresh unbacked symbol")
+                seen_symbols |= symbols
+            return
+        why = output_difference(ref, out)
+        if why:
+            raise AssertionError(f"{name}: differs from an uncached dispatch: {why}")
+        inputs = list(args)
+        if alias_signature(out, inputs) != alias_signature(ref, inputs):
+            raise AssertionError(
+                f"{name}: aliases inputs {alias_signature(out, inputs)}, uncached {alias_signature(ref, inputs)}"
+            )
+
+    def check_decisions(self) -> None:
+        for model in self.models:
+            for op in OPS:
+                expected = model.decide(op)
+                decision = model.policy.decide(op)
+                if (decision.cacheable, decision.label, decision.explicit) != expected:
+                    raise AssertionError(
+                        f"{model.policy!r}.decide({op}) = {decision}, the model says {expected}\n"
+                        + model.policy.explain(op)
+                    )
+                verdict = model.policy.explain(op).splitlines()[0]
+                if (": cacheable:" in verdict) != expected[0]:
+                    raise AssertionError(f"explain() disagrees with the model: {verdict}")
+
+    def run(self, steps: int) -> None:
+        actions = [self.dispatch] * 10 + [
+            self.register_namespace,
+            self.register_op,
+            self.deny,
+            self.replace_policy,
+            self.switch_context,
+        ]
+        CONTEXT["spec"] = SPECS[0]
+        self.check_decisions()
+        for _ in range(steps):
+            self.r.choice(actions)()
+            self.check_decisions()
+
+
+class TestFuzz(TestCase):
+    def test_universe(self) -> None:
+        """The model's structural exclusions are exactly the universe's CIA views and fake-kernel-less ops."""
+        for op in OPS:
+            decision = tcp.CachePolicy(namespaces=NAMESPACES[:2]).decide(op)
+            self.assertEqual(decision.label == "CompositeImplicitAutograd", op in CIA_VIEWS, msg=str(op))
+            self.assertEqual(decision.label == "no fake kernel", op in NO_FAKE_KERNEL, msg=str(op))
+
+    @parametrize("seed", SEEDS)
+    def test_random_policies_and_dispatches(self, seed: int) -> None:
+        """Random rules and dispatches: decisions match the model, results match uncached dispatch."""
+        fuzzer = Fuzzer(seed)
+        try:
+            fuzzer.run(STEPS)
+        except Exception as e:
+            raise AssertionError(f"seed {seed}: {e}\nsteps:\n" + "\n".join(fuzzer.log[-25:])) from e
+        # Each run exercised every kind of outcome at least once across seeds (see the next test).
+        self.assertGreater(sum(fuzzer.outcomes.values()), 0)
+
+    def test_outcomes_are_varied(self) -> None:
+        """Across the seeds, dispatches hit, miss and bypass many times each."""
+        total: collections.Counter[str] = collections.Counter()
+        for seed in SEEDS[:4]:
+            fuzzer = Fuzzer(seed)
+            fuzzer.run(STEPS)
+            total.update(fuzzer.outcomes)
+        print(f"\nfuzz outcomes over {len(SEEDS[:4])} seeds x {STEPS} steps: {dict(total)}")
+        for outcome in ("hit", "miss", "bypass"):
+            self.assertGreater(total[outcome], 20, msg=dict(total))
+
+
+# ------------------------------------------------- the wrong-input table
+
+
+RELIABILITY_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+# | entry point | `call` | `Error` or returns | `` message or repr `` |
+TABLE_ROW = re.compile(r"^\| (?P<api>.+?) \| `(?P<call>[^`]+)` \| (?:`(?P<error>\w+)`|returns) \| `` (?P<text>.*) `` \|$", re.M)
+ADDRESS = re.compile(r"0x[0-9a-f]+")
+
+
+def wrong_input_env() -> dict[str, Any]:
+    """The names the calls of the table use."""
+    import numpy
+
+    def boom(op: OpOverload) -> bool:
+        raise KeyError("x")
+
+    def no_spec() -> Hashable:
+        raise ValueError("no spec")
+
+    def dispatch(policy: tcp.CachePolicy) -> None:
+        with tcp.FakeTensorMode(cache_policy=policy):
+            T.op("conv")(torch.empty(1, 1, 2, 2), 1)
+
+    def untraced() -> torch.fx.GraphModule:
+        return torch.fx.symbolic_trace(lambda x: x + 1)
+
+    return {
+        "tcp": tcp,
+        "torch": torch,
+        "numpy": numpy,
+        "T": T,
+        "conv": T.op("conv"),
+        "boom": boom,
+        "no_spec": no_spec,
+        "dispatch": dispatch,
+        "untraced": untraced,
+    }
+
+
+def run_row(call: str) -> tuple[str | None, str]:
+    """(error type name or None, message or repr of the value), addresses elided."""
+    try:
+        value = eval(call, wrong_input_env())
+    except Exception as e:
+        message = e.args[0] if isinstance(e, KeyError) else str(e)
+        return type(e).__name__, ADDRESS.sub("0x…", message.replace("\n", " "))
+    return None, ADDRESS.sub("0x…", repr(value))
+
+
+class TestWrongInputTable(TestCase):
+    def test_table_matches_code(self) -> None:
+        """Every row of docs/reliability.md's wrong-input table gives the error and message it shows."""
+        text = RELIABILITY_MD.read_text()
+        section = text[text.index("## 5. Entry points and wrong input") :]
+        rows = TABLE_ROW.findall(section)
+        table_lines = [line for line in section.splitlines() if line.startswith("| ")]
+        self.assertEqual(len(rows), len(table_lines) - 2)  # every row but the header parses
+        self.assertGreater(len(rows), 40)
+        with logging_disabled():
+            for _, call, error, text in rows:
+                self.assertEqual(run_row(call), (error or None, text), msg=call)
+
+
+@contextlib.contextmanager
+def logging_disabled() -> Iterator[None]:
+    """torch logs every exception raised inside a fake dispatch at ERROR level; the table raises some on purpose."""
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+instantiate_parametrized_tests(TestFuzz)
+
+
+if __name__ == "__main__":
+    run_tests()

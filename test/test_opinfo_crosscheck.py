@@ -1,0 +1,518 @@
+# Owner(s): ["module: fakeTensor"]
+"""OpInfo samples through the policy mode, miss then hit, against stock and an uncached dispatch.
+
+For each sample of each OpInfo in ``op_db`` (CPU; float32 and one integer
+dtype) this runs, each calling the sample twice on its own fake copies:
+
+* stock ``FakeTensorMode`` with its cache; its bypass reasons are deltas of
+  torch's class counters (read, never written or cleared);
+* stock with the cache off on that one instance: the *uncached* reference;
+* ``torch_cachepolicy.FakeTensorMode(cache_crosscheck=True)`` in the
+  configurations of ``MODES`` (default policy with a default store, default
+  policy and a permissive policy with isolated stores).
+
+A policy mode must return what the uncached dispatch returned (metadata,
+values, and which inputs each output aliases), count stock's bypass reasons,
+never fail a crosscheck (which re-runs every hit uncached, aliasing
+included), and leave torch's class counters, torch's storage (isolated
+stores) and ``is_builtin`` alone. A sample whose stock dispatch raises is
+skipped for every mode, and counted; the policy modes must raise the same
+exception type on it. The default run takes the first ``SAMPLES_PER_OP``
+samples of each op and dtype; ``TCP_FULL_OPDB=1`` takes them all, and
+``TCP_OPDB_SHARD=i/n`` runs every n-th OpInfo from the i-th (to split a
+sweep over processes). The figures are printed and written as JSON to the
+pytest tmp dir.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import math
+import os
+import pathlib
+import re
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cachepolicy_testing as T
+import pytest
+import torch
+import torch._library.utils as library_utils
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
+from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_cachepolicy as tcp
+
+FULL = os.environ.get("TCP_FULL_OPDB") == "1"
+SAMPLES_PER_OP = None if FULL else 2
+# "i/n": only every n-th OpInfo, starting at the i-th (to split a full sweep over processes).
+SHARD = tuple(int(x) for x in os.environ.get("TCP_OPDB_SHARD", "0/1").split("/"))
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+Counts = collections.Counter[str]
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return None
+
+
+def alias_signature(output: object, inputs: list[object]) -> list[tuple[int, ...]]:
+    """For each tensor output, the positions of the input tensors sharing its storage."""
+    ins = [(i, storage_id(a)) for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+    signature = []
+    for out in pytree.tree_leaves(output):
+        if isinstance(out, torch.Tensor):
+            sid = storage_id(out)
+            signature.append(tuple(i for i, s in ins if s is not None and s == sid))
+    return signature
+
+
+def tensor_difference(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
+    """None if the tensors have the same metadata (torch's own comparison for strided ones)."""
+    if expected.layout != actual.layout:
+        return f"layout {actual.layout} != {expected.layout}"
+    if expected.layout == torch.strided:
+        try:
+            assert_metadata_eq(assert_eq, expected, actual)
+        except AssertionError as e:
+            return str(e)
+        return None
+
+    # assert_metadata_eq asks compressed sparse tensors for strides; compare what they have.
+    def sparse_meta(t: torch.Tensor) -> tuple[object, ...]:
+        return (t.dtype, t.shape, t.requires_grad, t.is_inference(), t.sparse_dim(), t.dense_dim())
+
+    if sparse_meta(expected) != sparse_meta(actual):
+        return f"sparse metadata {sparse_meta(actual)} != {sparse_meta(expected)}"
+    return None
+
+
+def output_difference(expected: object, actual: object) -> str | None:
+    """None if both outputs have the same structure, tensor metadata and values; else why not."""
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    act_leaves, act_spec = pytree.tree_flatten(actual)
+    if exp_spec != act_spec:
+        return f"structure {act_spec} != {exp_spec}"
+    for i, (e, a) in enumerate(zip(exp_leaves, act_leaves, strict=True)):
+        if isinstance(e, torch.Tensor):
+            why = tensor_difference(e, a) if isinstance(a, torch.Tensor) else f"got {type(a).__name__}"
+            if why:
+                return f"output {i}: {why}"
+        elif isinstance(e, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # Modes of one sample have separate ShapeEnvs: compare expressions.
+            if type(e) is not type(a) or str(e) != str(a):
+                return f"output {i}: symbolic {a} != {e}"
+        elif type(e) is not type(a) or not (e == a or (isinstance(e, float) and math.isnan(e) and math.isnan(a))):
+            return f"output {i}: value {a!r} != {e!r}"
+    return None
+
+
+ALIAS_BYPASS = "output aliasing a cache hit would not reproduce"
+
+
+def contains(big: Counts, small: Counts) -> bool:
+    return all(big[k] >= n for k, n in small.items())
+
+
+# ------------------------------------------------------------------ running
+
+
+def stock_counters() -> tuple[int, int, Counts, int]:
+    """torch's class-global hits, misses, bypasses and storage size (read only)."""
+    info = StockMode.cache_info()
+    return info.hits, info.misses, collections.Counter(info.bypasses), info.size
+
+
+@dataclass
+class Run:
+    """Two calls of one sample in one mode."""
+
+    inputs: list[object]
+    outputs: list[object] = field(default_factory=list)
+    bypasses: list[Counts] = field(default_factory=list)  # per call
+    cached: list[int] = field(default_factory=list)  # hits + misses per call
+    hits: int = 0
+    misses: int = 0
+    hits_by_namespace: Counts = field(default_factory=collections.Counter)
+
+
+def counters_of(mode: Any) -> tuple[int, int, Counts]:
+    """This policy mode's counters, or torch's class counters for a stock mode."""
+    if isinstance(mode, tcp.FakeTensorMode):
+        info = mode.cache_info()
+        return info.hits, info.misses, collections.Counter(info.bypasses)
+    hits, misses, bypasses, _ = stock_counters()
+    return hits, misses, bypasses
+
+
+def run_twice(mode: Any, fn: Callable[..., Any], sample: Any) -> Run:
+    """Converts the sample's tensors with ``mode`` and calls ``fn`` on them twice in it."""
+    def convert(x: object) -> object:
+        return mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+
+    inp, args, kwargs = pytree.tree_map(convert, (sample.input, sample.args, sample.kwargs))
+    run = Run(inputs=pytree.tree_leaves((inp, args, kwargs)))
+    ours = isinstance(mode, tcp.FakeTensorMode)
+    start = mode.cache_report().by_namespace() if ours else {}
+    for _ in range(2):
+        h0, m0, b0 = counters_of(mode)
+        with mode:
+            run.outputs.append(fn(inp, *args, **kwargs))
+        h1, m1, b1 = counters_of(mode)
+        b1.subtract(b0)
+        run.bypasses.append(+b1)
+        run.cached.append(h1 - h0 + m1 - m0)
+        run.hits += h1 - h0
+        run.misses += m1 - m0
+    if ours:
+        for ns, (hits, _, _) in mode.cache_report().by_namespace().items():
+            run.hits_by_namespace[ns] = hits - start.get(ns, (0, 0, 0))[0]
+    return run
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A policy-mode configuration compared with stock."""
+
+    label: str
+    policy: Callable[[], tcp.CachePolicy]
+    isolated: bool
+
+
+# default: aten entries are shared with torch's storage, so both calls find
+# what stock's calls left there: stock's second call is the exact reference.
+# default-isolated, permissive: the first call computes every entry in the
+# isolated store (stock's first call may have found some in torch's storage,
+# so stock's counts must be contained in ours), the second hits and must
+# match stock's second call exactly.
+MODES = (
+    ModeSpec("default", tcp.CachePolicy, isolated=False),
+    ModeSpec("default-isolated", tcp.CachePolicy, isolated=True),
+    ModeSpec("permissive", lambda: tcp.CachePolicy(namespaces=[T.NS]), isolated=True),
+)
+
+# Crosscheck failures with a known cause (see TestKnownIssues). A sample that
+# raises one is counted under its name and re-run with the crosscheck off;
+# every other check still applies to it.
+KNOWN_CROSSCHECK_FAILURES: dict[str, re.Pattern[str]] = {
+    # Empty since both causes the sweeps found were fixed in the core (see
+    # TestKnownIssues): namedtuple outputs compared as plain tuples, and
+    # outputs whose aliasing an entry cannot reproduce (prims.as_strided)
+    # are no longer cached.
+}
+
+
+@dataclass
+class Tally:
+    """The figures of one sweep, and every disagreement found."""
+
+    ops: set[str] = field(default_factory=set)
+    samples: int = 0
+    compared: int = 0
+    skipped: int = 0
+    skip_reasons: Counts = field(default_factory=collections.Counter)
+    hits: Counts = field(default_factory=collections.Counter)
+    misses: Counts = field(default_factory=collections.Counter)
+    bypasses: Counts = field(default_factory=collections.Counter)
+    bypass_reasons: Counts = field(default_factory=collections.Counter)
+    hits_by_namespace: Counts = field(default_factory=collections.Counter)
+    known_crosscheck_failures: Counts = field(default_factory=collections.Counter)
+    stock_vs_uncached: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "full_sweep": FULL,
+            "samples_per_op_and_dtype": SAMPLES_PER_OP,
+            "shard": "/".join(map(str, SHARD)),
+            "ops": len(self.ops),
+            "samples": self.samples,
+            "compared": self.compared,
+            "skipped": self.skipped,
+            "skip_reasons": dict(self.skip_reasons.most_common()),
+            "hits": dict(self.hits),
+            "misses": dict(self.misses),
+            "bypasses": dict(self.bypasses),
+            "bypass_reasons": dict(sorted(self.bypass_reasons.items())),
+            "hits_by_namespace": dict(sorted(self.hits_by_namespace.items())),
+            "known_crosscheck_failures": dict(sorted(self.known_crosscheck_failures.items())),
+            "stock_cached_vs_uncached_differences": self.stock_vs_uncached,
+            "failures": len(self.failures),
+        }
+
+
+def compare_sample(
+    tally: Tally,
+    name: str,
+    fn: Callable[..., Any],
+    sample: Any,
+    *,
+    shape_env: bool = False,
+    compare_bypasses: bool = True,
+) -> bool:
+    """Runs one sample through stock, uncached stock and every policy mode; records
+    disagreements in ``tally``. Returns whether the sample was compared (not skipped)."""
+    tally.samples += 1
+
+    def env() -> dict[str, Any]:
+        return {"shape_env": ShapeEnv()} if shape_env else {}
+
+    def policy_mode(spec: ModeSpec, crosscheck: bool) -> tcp.FakeTensorMode:
+        return tcp.FakeTensorMode(
+            cache_policy=spec.policy(),
+            cache_store=tcp.CacheStore(isolated=spec.isolated),
+            cache_crosscheck=crosscheck,
+            **env(),
+        )
+
+    try:
+        stock = run_twice(StockMode(**env()), fn, sample)
+        uncached_mode = StockMode(**env())
+        uncached_mode.cache_enabled = False  # this instance only
+        uncached = run_twice(uncached_mode, fn, sample)
+    except Exception as stock_error:
+        tally.skipped += 1
+        tally.skip_reasons[type(stock_error).__name__] += 1
+        for spec in MODES:
+            try:
+                run_twice(policy_mode(spec, crosscheck=True), fn, sample)
+            except Exception as e:
+                if type(e) is not type(stock_error):
+                    tally.failures.append(f"{name} [{spec.label}]: raised {e!r} where stock raised {stock_error!r}")
+            else:
+                tally.failures.append(f"{name} [{spec.label}]: did not raise; stock raised {stock_error!r}")
+        return False
+    tally.compared += 1
+    for call in range(2):
+        if output_difference(uncached.outputs[call], stock.outputs[call]) or alias_signature(
+            uncached.outputs[call], uncached.inputs
+        ) != alias_signature(stock.outputs[call], stock.inputs):
+            tally.stock_vs_uncached += 1
+
+    for spec in MODES:
+        where = f"{name} [{spec.label}]"
+        before = stock_counters()
+        is_builtin = library_utils.is_builtin
+        try:
+            try:
+                ours = run_twice(policy_mode(spec, crosscheck=True), fn, sample)
+            except tcp.CrosscheckError as e:
+                known = [name for name, pattern in KNOWN_CROSSCHECK_FAILURES.items() if pattern.search(str(e))]
+                if not known:
+                    raise
+                tally.known_crosscheck_failures[f"{spec.label}/{known[0]}"] += 1
+                ours = run_twice(policy_mode(spec, crosscheck=False), fn, sample)
+        except tcp.CrosscheckError as e:
+            tally.failures.append(f"{where}: crosscheck failed: {e}")
+            continue
+        except Exception as e:
+            tally.failures.append(f"{where}: raised where stock did not: {e!r}")
+            continue
+        after = stock_counters()
+        if after[:3] != before[:3]:
+            tally.failures.append(f"{where}: torch's class counters changed: {before[:3]} -> {after[:3]}")
+        if spec.isolated and after[3] != before[3]:
+            tally.failures.append(f"{where}: an isolated store wrote to FakeTensorMode.cache")
+        if library_utils.is_builtin is not is_builtin:
+            tally.failures.append(f"{where}: torch._library.utils.is_builtin was replaced")
+        tally.hits[spec.label] += ours.hits
+        tally.misses[spec.label] += ours.misses
+        tally.hits_by_namespace.update({f"{spec.label}/{ns}": n for ns, n in ours.hits_by_namespace.items()})
+        for call in range(2):
+            tally.bypasses[spec.label] += sum(ours.bypasses[call].values())
+            tally.bypass_reasons.update({f"{spec.label}/{k}": n for k, n in ours.bypasses[call].items()})
+            if compare_bypasses:
+                # Intended deviation from stock: an output whose aliasing the
+                # entry cannot reproduce (prims.as_strided) is bypassed where
+                # stock caches it wrongly; count those as cached for the
+                # comparison. And ops returning a non-view alias (in-place
+                # ops, prims.as_strided) keep entries in our store, so a first
+                # call may miss where stock hit torch's warmed storage.
+                ob = collections.Counter(ours.bypasses[call])
+                cached = ours.cached[call] + ob.pop(ALIAS_BYPASS, 0)
+                ref = 0 if spec.isolated and call == 0 else 1  # see MODES
+                if call == 0:
+                    same = contains(ob, stock.bypasses[ref]) and cached >= stock.cached[ref]
+                else:
+                    same = ob == stock.bypasses[1] and cached == stock.cached[1]
+                if not same:
+                    tally.failures.append(
+                        f"{where} call {call + 1}: bypasses {dict(ours.bypasses[call])}, {ours.cached[call]} "
+                        f"cached; stock call {ref + 1}: {dict(stock.bypasses[ref])}, {stock.cached[ref]} cached"
+                    )
+            why = output_difference(uncached.outputs[call], ours.outputs[call])
+            if why:
+                tally.failures.append(f"{where} call {call + 1}: output differs from uncached: {why}")
+            expected_alias = alias_signature(uncached.outputs[call], uncached.inputs)
+            actual_alias = alias_signature(ours.outputs[call], ours.inputs)
+            if expected_alias != actual_alias:
+                tally.failures.append(
+                    f"{where} call {call + 1}: outputs alias inputs {actual_alias}, uncached {expected_alias}"
+                )
+    return True
+
+
+# -------------------------------------------------------------------- sweeps
+
+
+def dtypes_for(opinfo: Any) -> list[torch.dtype]:
+    supported = opinfo.supported_dtypes("cpu")
+    found = [torch.float32] if torch.float32 in supported else []
+    return found + [d for d in INT_DTYPES if d in supported][:1]
+
+
+def sweep_op_db() -> Tally:
+    tally = Tally()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for opinfo in op_db[SHARD[0] :: SHARD[1]]:
+            for dtype in dtypes_for(opinfo):
+                try:
+                    samples = list(
+                        itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=False), SAMPLES_PER_OP)
+                    )
+                except Exception as e:
+                    tally.skip_reasons[f"sample generation: {type(e).__name__}"] += 1
+                    continue
+                for i, sample in enumerate(samples):
+                    if compare_sample(tally, f"{opinfo.full_name}[{dtype}][{i}]", opinfo.op, sample):
+                        tally.ops.add(opinfo.full_name)
+    return tally
+
+
+@dataclass
+class Sample:
+    """The shape of an OpInfo SampleInput, for hand-written cases."""
+
+    input: Any
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def backend_cases() -> list[tuple[str, Callable[..., Any], Sample]]:
+    """Every tcp_test op, and two quantized_decomposed ops, on a few inputs."""
+    x2, x4 = torch.empty(3, 5), torch.empty(2, 3, 8, 8)
+    cases = [(f"conv/{stride}", T.op("conv"), Sample(x4, (stride,))) for stride in (1, 2)]
+    for name in ("pair", "dyn", "size0", "bad_view", "good_view", "mut", "ambient_cast", "swappable", "no_fake"):
+        cases += [(f"{name}/{x.dim()}d", T.op(name), Sample(x)) for x in (x2, x4)]
+    cases.append(("multi_view", T.op("multi_view"), Sample(x2, (torch.empty(3),))))
+    qd = torch.ops.quantized_decomposed
+    cases.append(("quantize_per_tensor", qd.quantize_per_tensor.default, Sample(x2, (0.1, 0, -128, 127, torch.int8))))
+    cases.append(
+        (
+            "dequantize_per_tensor",
+            qd.dequantize_per_tensor.default,
+            Sample(x2.to(torch.int8), (0.1, 0, -128, 127, torch.int8)),
+        )
+    )
+    return cases
+
+
+def sweep_backend_ops() -> Tally:
+    tally = Tally()
+    for name, fn, sample in backend_cases():
+        # Bypass reasons of backend ops differ from stock's "non-builtin" by
+        # design under the permissive policy; outputs and aliasing must not.
+        if compare_sample(tally, name, fn, sample, shape_env=True, compare_bypasses=False):
+            tally.ops.add(name.split("/")[0])
+    return tally
+
+
+# --------------------------------------------------------------------- tests
+
+
+class TestOpInfoCrosscheck(TestCase):
+    @pytest.fixture(autouse=True)
+    def _pytest_tmp(self, tmp_path: pathlib.Path) -> None:
+        self.out_dir = tmp_path
+
+    def write_figures(self, name: str, figures: dict[str, Any]) -> None:
+        out_dir = getattr(self, "out_dir", None) or pathlib.Path(tempfile.mkdtemp(prefix="tcp_crosscheck_"))
+        path = out_dir / f"{name}.json"
+        path.write_text(json.dumps(figures, indent=2))
+        print(f"\n{name}: {json.dumps(figures)}\n(written to {path})")
+
+    def assertNoFailures(self, tally: Tally) -> None:
+        self.assertEqual(len(tally.failures), 0, msg="\n".join(tally.failures[:30]))
+
+    def test_op_db(self) -> None:
+        """Every OpInfo sample gives the uncached outputs, aliasing and stock's bypass reasons, miss and hit."""
+        tally = sweep_op_db()
+        self.write_figures("opinfo_crosscheck", tally.figures())
+        self.assertNoFailures(tally)
+        self.assertGreater(len(tally.ops), 100 // SHARD[1])
+        self.assertGreater(tally.compared, 1000 // SHARD[1])
+        self.assertLess(tally.skipped, tally.compared)
+        self.assertEqual(tally.stock_vs_uncached, 0)
+        for spec in MODES:
+            self.assertGreater(tally.hits[spec.label], 1000 // SHARD[1], msg=spec.label)
+        for spec in MODES[1:]:
+            self.assertGreater(tally.misses[spec.label], 1000 // SHARD[1], msg=spec.label)
+
+    def test_backend_ops(self) -> None:
+        """tcp_test and quantized_decomposed ops give the uncached outputs and aliasing under every policy."""
+        tally = sweep_backend_ops()
+        self.write_figures("backend_ops_crosscheck", tally.figures())
+        self.assertNoFailures(tally)
+        self.assertEqual(tally.skip_reasons, {"UnsupportedOperatorException": 2})  # no_fake only
+        self.assertEqual(tally.hits_by_namespace["default/tcp_test"], 0)
+        self.assertGreater(tally.hits_by_namespace["permissive/tcp_test"], 0)
+        # Each safety check of the permissive mode fired at least once.
+        for reason in (
+            "unbacked symbol in scalar output",
+            "output aliases an input without a schema annotation",
+            "mutates an argument (allow it with register_op)",
+            "view op with several tensor arguments",
+        ):
+            self.assertGreater(tally.bypass_reasons[f"permissive/{reason}"], 0, msg=reason)
+
+
+class TestKnownIssues(TestCase):
+    """The two causes of crosscheck failures the sweeps found (KNOWN_CROSSCHECK_FAILURES)."""
+
+    def test_stock_crosscheck_accepts_namedtuple_outputs(self) -> None:
+        """Control: stock's own crosscheck accepts a hit of aten.aminmax."""
+        mode = StockMode()
+        mode.cache_crosscheck_enabled = True  # this instance only
+        with mode:
+            x = torch.empty(3, T.fresh_size())
+            first = torch.ops.aten.aminmax.default(x)
+            second = torch.ops.aten.aminmax.default(x)
+        self.assertEqual([t.shape for t in first], [t.shape for t in second])
+
+    def test_crosscheck_accepts_namedtuple_outputs(self) -> None:
+        """A hit whose uncached dispatch returned a namedtuple passes the crosscheck."""
+        mode = tcp.FakeTensorMode(cache_crosscheck=True, cache_store=tcp.CacheStore(isolated=True))
+        with mode:
+            x = torch.empty(3, 4)
+            torch.ops.aten.aminmax.default(x)
+            torch.ops.aten.aminmax.default(x)
+        self.assertEqual(mode.cache_report()[torch.ops.aten.aminmax.default].hits, 1)
+
+    def test_prims_as_strided_is_never_replayed_unaliased(self) -> None:
+        """prims.as_strided (returns Tensor(a!), not a view) bypasses, so every output aliases its input."""
+        mode = tcp.FakeTensorMode(cache_crosscheck=True, cache_store=tcp.CacheStore(isolated=True))
+        with mode:
+            x = torch.empty(2, 3)
+            outs = [torch.ops.prims.as_strided.default(x, [3, 2], [1, 3], 0) for _ in range(2)]
+        self.assertEqual(mode.cache_report()[torch.ops.prims.as_strided.default].hits, 0)
+        self.assertEqual([storage_id(o) for o in outs], [storage_id(x)] * 2)
+
+
+if __name__ == "__main__":
+    run_tests()
