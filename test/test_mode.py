@@ -436,6 +436,37 @@ class TestIsolation(CachePolicyTestCase):
         self.assertEqual(T.stock_info()[2].get("non-builtin", 0) - before, n_calls)
         self.assertEqual(mode.cache_report()[conv].hits, n_calls - 1)
 
+    def test_reading_stats_while_another_thread_dispatches(self) -> None:
+        """cache_info() and cache_report() may be read while the mode dispatches new ops elsewhere."""
+        names = [n for n in ("sin", "cos", "exp", "log", "tanh", "sigmoid", "abs", "neg", "sqrt", "rsqrt", "floor",
+                             "ceil", "round", "trunc", "frac", "sign", "erf", "expm1", "log1p", "reciprocal")]
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def dispatch() -> None:
+            try:
+                with mode:
+                    for _ in range(20):
+                        for n in names:
+                            getattr(torch.ops.aten, n).default(torch.empty(2, T.fresh_size()))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=dispatch)
+        thread.start()
+        reads = 0
+        while not done.is_set():
+            mode.cache_info()
+            str(mode.cache_report())
+            reads += 1
+        thread.join()
+        self.assertEqual(errors, [])
+        self.assertGreater(reads, 0)
+        self.assertGreaterEqual(len(mode.cache_report().ops), len(names))
+
     def test_policy_modes_in_two_threads_keep_separate_stats(self) -> None:
         """Two policy modes in two threads count and store only their own work."""
         results: dict[int, tcp.FakeTensorMode] = {}
