@@ -17,6 +17,11 @@ After every step:
   label, a backend safety bypass, or a hit exactly when an equal key was
   computed before under an equal policy, in the same store, under the same
   context value (for backend ops of the policy's ``context_namespaces``).
+
+``TestZooFuzz`` draws a dozen kernel-zoo behaviours per seed (``zoo_ops.CASES``, documented limits excluded) and
+interleaves their calls with events (context and default dtype changes, re-registered kernels, new subgraphs, denied
+ops, ``cache_clear``) in one or two modes sharing a store; every call must match an uncached dispatch of the same call
+on identically built inputs (``test_kernel_zoo.describe_call``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import pickle
 import pathlib
 import random
 import re
@@ -34,6 +40,8 @@ from typing import Any
 
 import cachepolicy_testing as T
 import torch
+import zoo_ops as Z
+from test_kernel_zoo import World, describe_call, dispatch_difference
 from test_opinfo_crosscheck import alias_signature, output_difference
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import disable_fake_tensor_cache, extract_tensor_metadata
@@ -497,6 +505,7 @@ def wrong_input_env() -> dict[str, Any]:
         "no_spec": no_spec,
         "dispatch": dispatch,
         "untraced": untraced,
+        "pickle": pickle,
     }
 
 
@@ -535,6 +544,155 @@ def logging_disabled() -> Iterator[None]:
 
 
 instantiate_parametrized_tests(TestFuzz)
+
+
+# ------------------------------------------------------ zoo behaviours, random call sequences
+
+ZOO_SEEDS = range(4)
+ZOO_STEPS = 120
+# Documented limits are expected to differ; the fuzz draws from the rest.
+ZOO_CASES = [c for c in Z.CASES if c.limit is None]
+# Ops that mutate their arguments opt in by name, as their cases do.
+ZOO_ALLOWED = ["inplace_overlap", "mut_resize", "mut_unsqueeze", "mut_none", "out_kwarg", "mut_returns_view"]
+# Kernels the events re-register (each version returns a 1-, 2- or 3-element tensor).
+ZOO_SWAPPABLE = ["swap_fake", "swap_custom_op", "swap_meta", "swap_composite", f"{Z.CTX_NS}::swappable"]
+
+
+@dataclass
+class ZooWorlds:
+    """One mode under test and the per-case inputs of its cached and reference worlds."""
+
+    mode: tcp.FakeTensorMode
+    env: Z.Env
+    cached: World
+    reference: World
+    last: dict[str, tuple[Z.Call, Z.Call]] = field(default_factory=dict)
+
+
+class ZooFuzzer:
+    """Random sequences of zoo calls and events (context, default dtype, kernel swaps, new subgraphs).
+
+    Each call runs in a cached world under the mode and in a reference world under
+    ``disable_fake_tensor_cache(mode)``, on identically built inputs (or on the inputs the previous call of that
+    case used, in both worlds), and the two ``describe_call`` results must be equal.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+        self.log: list[str] = []
+        self.calls = 0
+        self.cleared_hits = 0
+        # A dozen behaviours per seed, the controls always among them, so calls repeat and hits happen.
+        controls = [c for c in ZOO_CASES if c.min_hits]
+        self.cases = controls + self.r.sample([c for c in ZOO_CASES if not c.min_hits], 10)
+        deny_inner = self.r.random() < 0.3
+        crosscheck = self.r.random() < 0.5
+        symbolic = self.r.random() < 0.5
+        shared_store = tcp.CacheStore()
+        self.modes: list[ZooWorlds] = []
+        for _ in range(2 if self.r.random() < 0.5 else 1):
+            mode = tcp.FakeTensorMode(
+                cache_policy=self.policy(deny_inner), cache_store=shared_store, cache_crosscheck=crosscheck, shape_env=ShapeEnv()
+            )
+            self.modes.append(ZooWorlds(mode, Z.Env.make(mode, symbolic), World(), World()))
+        self.log.append(
+            f"modes={len(self.modes)} (one store) deny hop_inner={deny_inner} crosscheck={crosscheck} "
+            f"symbolic={symbolic}; cases {[c.name for c in self.cases]}"
+        )
+
+    @staticmethod
+    def policy(deny_inner: bool) -> tcp.CachePolicy:
+        # Equal rules and the same context hook: modes sharing the store share entries.
+        policy = tcp.CachePolicy(namespaces=[Z.NS, Z.CTX_NS], context_key=Z.ambient_context)
+        for name in ZOO_ALLOWED:
+            policy.register_op(Z.op(name))
+        if deny_inner:
+            policy.deny(Z.op("hop_inner"))
+        return policy
+
+    def reset(self) -> None:
+        for c in Z.CASES:
+            if c.reset is not None:
+                c.reset()
+        torch.set_default_dtype(torch.float32)
+
+    def event(self) -> None:
+        kind = self.r.choice(["ambient", "default dtype", "swap", "subgraphs", "deny", "clear"])
+        if kind == "ambient":
+            Z.AMBIENT["dtype"] = self.r.choice([torch.float32, torch.float64, torch.float16])
+            self.log.append(f"AMBIENT -> {Z.AMBIENT['dtype']}")
+        elif kind == "default dtype":
+            dtype = self.r.choice([torch.float32, torch.float64])
+            torch.set_default_dtype(dtype)
+            self.log.append(f"default dtype -> {dtype}")
+        elif kind == "swap":
+            name, n = self.r.choice(ZOO_SWAPPABLE), self.r.randint(1, 3)
+            (Z._register_ctx_swappable(n) if name.startswith(Z.CTX_NS) else Z._register(name, n))()
+            self.log.append(f"re-register {name} -> size {n}")
+        elif kind == "deny":
+            m = self.r.choice(self.modes)
+            c = self.r.choice(self.cases)
+            m.mode.cache_policy.deny(c.op)  # a new identity: the mode moves to another partition
+            self.log.append(f"mode {self.modes.index(m)}: policy.deny({c.op})")
+        elif kind == "clear":
+            m = self.r.choice(self.modes)
+            self.cleared_hits += self.hits([m])  # cache_clear() resets the counters too
+            m.mode.cache_clear()
+            self.log.append(f"mode {self.modes.index(m)}: cache_clear()")
+        elif kind == "subgraphs":
+            c = self.r.choice([c for c in Z.CASES if c.target is Z.invoke_subgraph])
+            assert c.reset is not None
+            c.reset()  # a new GraphModule for that case (and the ambient dtype back to float32)
+            self.log.append(f"new subgraph for {c.name}, AMBIENT -> float32")
+
+    def call(self) -> None:
+        m = self.r.choice(self.modes)
+        c = self.r.choice(self.cases)
+        i = self.r.randrange(len(c.steps))
+        reuse = c.name in m.last and self.r.random() < 0.3
+        self.log.append(f"mode {self.modes.index(m)}: {c.name} " + ("same inputs again" if reuse else f"build {i}"))
+        with m.mode:
+            if not reuse:
+                m.last[c.name] = (c.build(m.env, i), c.build(m.env, i))
+            cached, reference = m.last[c.name]
+            got = describe_call(c.callee, cached.args, cached.kwargs, m.cached)
+            with disable_fake_tensor_cache(m.mode):
+                want = describe_call(c.callee, reference.args, reference.kwargs, m.reference)
+        why = dispatch_difference(got, want)
+        if why:
+            raise AssertionError(f"{c.name}: {why}")
+        self.calls += 1
+
+    def run(self, steps: int) -> None:
+        self.reset()
+        try:
+            with logging_disabled():
+                for _ in range(steps):
+                    (self.event if self.r.random() < 0.15 else self.call)()
+        finally:
+            self.reset()
+
+    def hits(self, modes: list[ZooWorlds] | None = None) -> int:
+        """Hits of zoo ops so far (in ``modes``, default all, plus those counted before a cache_clear())."""
+        if modes is not None:
+            return sum(r.hits for m in modes for r in m.mode.cache_report().ops if r.namespace in (Z.NS, Z.CTX_NS))
+        return self.cleared_hits + self.hits(self.modes)
+
+
+class TestZooFuzz(TestCase):
+    @parametrize("seed", ZOO_SEEDS)
+    def test_random_zoo_calls(self, seed: int) -> None:
+        """Random zoo calls between random events bypass or match an uncached dispatch, and some hit."""
+        fuzzer = ZooFuzzer(seed)
+        try:
+            fuzzer.run(ZOO_STEPS)
+        except Exception as e:
+            raise AssertionError(f"seed {seed}: {e}\nsteps:\n" + "\n".join(fuzzer.log[-20:])) from e
+        self.assertGreater(fuzzer.calls, ZOO_STEPS // 2)
+        self.assertGreaterEqual(fuzzer.hits(), 5, msg="the zoo fuzz must exercise cache hits")
+
+
+instantiate_parametrized_tests(TestZooFuzz)
 
 
 if __name__ == "__main__":

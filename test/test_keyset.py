@@ -3,7 +3,9 @@
 
 The C++ batch (``_C.kernel_masks``) and the pure-Python fallback
 (``keyset._python_mask``) must give the same answer for every operator the
-process knows, so either can back a cache policy.
+process knows, so either can back a cache policy. Kernel watches
+(``keyset.kernel_watch``) must see every change of an operator's fake kernels
+on both backends, except the one the fallback documents it cannot see.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch._C import DispatchKey
 from torch.testing._internal.common_utils import (
     TestCase,
+    decorateIf,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
@@ -83,6 +86,25 @@ def _impl_only_operator() -> Iterator[str]:
         yield IMPL_ONLY
     finally:
         lib._destroy()
+
+
+@contextlib.contextmanager
+def _scratch_op(name: str) -> Iterator[str]:
+    """Defines ``NS::name`` with no kernels for the duration; it is gone afterwards.
+
+    Kernel watch tests override and destroy registrations, so each gets an
+    operator of its own instead of touching the shared ones above.
+    """
+    lib = torch.library.Library(NS, "FRAGMENT")
+    try:
+        lib.define(f"{name}(Tensor x) -> Tensor")
+        yield f"{NS}::{name}"
+    finally:
+        lib._destroy()
+
+
+def _meta_kernel(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def _has_schema(name: str) -> bool:
@@ -212,7 +234,8 @@ class TestKeyset(TestCase):
             f"{NS}::cia_op",
         ]
         with _use_backend(backend):
-            got = [_render(k) for k in keyset.kernel_keys_many(names)]
+            # A CUDA build of torch (2.14.1's wheels) adds CUDA kernels.
+            got = [_render(k - {DispatchKey.CUDA}) for k in keyset.kernel_keys_many(names)]
             self.assertEqual(keyset.kernel_keys_many([]), [])
         self.assertExpectedInline(
             "\n".join(f"{n}: {k}" for n, k in zip(names, got, strict=True)),
@@ -291,6 +314,192 @@ _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
         self.assertEqual(_C.kernel_masks(["aten::add.Tensor"], []), [0])
 
 
+class TestKernelWatch(TestCase):
+    def assertAllDistinct(self, fingerprints: list[int]) -> None:
+        self.assertEqual(len(set(fingerprints)), len(fingerprints), fingerprints)
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_stable_without_registration_changes(self, backend: str) -> None:
+        """Repeated calls, other watches and kernels under other keys leave it equal."""
+        with _use_backend(backend), _scratch_op("w_stable") as name:
+            lib = torch.library.Library(NS, "FRAGMENT")
+            try:
+                lib.impl("w_stable", _meta_kernel, "Meta")
+                for op in (name, "aten::add.Tensor", "aten::linear"):
+                    watch = keyset.kernel_watch(op)
+                    first = watch.fingerprint()
+                    self.assertNotIn(first, (keyset.MISSING, keyset.NO_KERNEL))
+                    self.assertEqual({watch.fingerprint() for _ in range(100)}, {first})
+                    # Process-wide values: a store shared by two modes sees one.
+                    self.assertEqual(keyset.kernel_watch(op).fingerprint(), first)
+                self.assertEqual(
+                    keyset.kernel_watch(torch.ops.aten.add.Tensor).fingerprint(),
+                    keyset.kernel_watch("aten::add.Tensor").fingerprint(),
+                )
+                watch = keyset.kernel_watch(name)
+                before = watch.fingerprint()
+                # Fake dispatch never runs these, so entries stay valid.
+                lib.impl("w_stable", lambda x: x.clone(), "CPU")
+                lib.impl("w_stable", lambda x: x.clone(), "Autograd")
+                self.assertEqual(watch.fingerprint(), before)
+                self.assertEqual(watch.name, name)
+            finally:
+                lib._destroy()
+
+    @parametrize("key", keyset.FAKE_KERNEL_KEYS, name_fn=lambda k: k.name)
+    @parametrize("backend", ["cpp", "python"])
+    def test_override_changes(self, backend: str, key: DispatchKey) -> None:
+        """Library.impl over an existing kernel of a fake key changes the fingerprint."""
+        with _use_backend(backend), _scratch_op("w_override") as name:
+            lib = torch.library.Library(NS, "FRAGMENT")
+            try:
+                watch = keyset.kernel_watch(name)
+                seen = [watch.fingerprint()]
+                self.assertEqual(seen[0], keyset.NO_KERNEL)
+                lib.impl("w_override", lambda x: x.clone(), key.name)
+                seen.append(watch.fingerprint())
+                # allow_override=True is the default: the new kernel shadows the old.
+                lib.impl("w_override", lambda x: x + 1, key.name)
+                seen.append(watch.fingerprint())
+                self.assertAllDistinct(seen)
+                self.assertEqual(watch.fingerprint(), seen[-1])
+            finally:
+                lib._destroy()
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_new_and_destroyed_library(self, backend: str) -> None:
+        """A second Library's kernel changes it; destroying that Library restores the first value."""
+        with _use_backend(backend), _scratch_op("w_libs") as name:
+            base = torch.library.Library(NS, "FRAGMENT")
+            try:
+                base.impl("w_libs", _meta_kernel, "Meta")
+                watch = keyset.kernel_watch(name)
+                first = watch.fingerprint()
+                override = torch.library.Library(NS, "FRAGMENT")
+                try:
+                    override.impl("w_libs", lambda x: torch.empty_like(x).t(), "Meta")
+                    newest = watch.fingerprint()
+                    self.assertNotEqual(newest, first)
+                    # A watch made after the override agrees with the old one.
+                    self.assertEqual(keyset.kernel_watch(name).fingerprint(), newest)
+                finally:
+                    override._destroy()
+                # The first kernel never went away, so its entries are valid
+                # again: both backends give the first value back, not a new one.
+                restored = watch.fingerprint()
+                self.assertNotEqual(restored, newest)
+                self.assertEqual(restored, first)
+                composite = torch.library.Library(NS, "FRAGMENT")
+                try:
+                    composite.impl("w_libs", lambda x: x.clone(), "CompositeExplicitAutograd")
+                    self.assertAllDistinct([first, newest, watch.fingerprint()])
+                finally:
+                    composite._destroy()
+            finally:
+                base._destroy()
+
+    # Note [Fallback kernel fingerprints]: the dump names the Library's source
+    # line, which is the same on every iteration, so the fallback cannot tell
+    # the kernels apart. A documented limitation, pinned here.
+    @decorateIf(unittest.expectedFailure, lambda params: params["backend"] == "python")
+    @parametrize("backend", ["cpp", "python"])
+    def test_reregister_from_same_line(self, backend: str) -> None:
+        """Destroying a Library and registering again from the same line is a new kernel each time."""
+        with _use_backend(backend), _scratch_op("w_aba") as name:
+            watch = keyset.kernel_watch(name)
+            seen = []
+            for _ in range(20):
+                lib = torch.library.Library(NS, "FRAGMENT")
+                try:
+                    lib.impl("w_aba", _meta_kernel, "Meta")
+                    seen.append(watch.fingerprint())
+                finally:
+                    lib._destroy()
+                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+            self.assertAllDistinct(seen)
+
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    def test_reused_kernel_address_detected(self) -> None:
+        """A new kernel at a dead kernel's address (ABA) still changes the fingerprint."""
+        assert _C is not None
+        meta = keyset.FAKE_KERNEL_KEYS.index(DispatchKey.Meta)
+        with _scratch_op("w_reuse") as name:
+            watch = _C.KernelWatch(name, [k.value for k in keyset.FAKE_KERNEL_KEYS])
+            by_address: dict[int, int] = {}
+            reused = 0
+            for _ in range(20):
+                lib = torch.library.Library(NS, "FRAGMENT")
+                try:
+                    lib.impl("w_reuse", _meta_kernel, "Meta")
+                    fingerprint = watch.fingerprint()
+                    address = watch._kernel_addresses()[meta]
+                    self.assertNotEqual(address, 0)
+                    if address in by_address:
+                        reused += 1
+                        self.assertNotEqual(fingerprint, by_address[address])
+                    by_address[address] = fingerprint
+                finally:
+                    lib._destroy()
+            # Without reuse this test would prove nothing about ABA. The
+            # allocator hands the freed list node straight back in practice.
+            self.assertGreater(reused, 0)
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_missing_operator(self, backend: str) -> None:
+        """No schema (unknown, impl()-only, deregistered) is MISSING, never an error."""
+        with _use_backend(backend), _impl_only_operator():
+            for bad in (
+                "aten::definitely_not_an_op",
+                "aten::add.NoSuchOverload",
+                "aten::linear.default",
+                "add.Tensor",
+                "aten::add.Tensor.extra",
+                "",
+                IMPL_ONLY,
+            ):
+                self.assertEqual(keyset.kernel_watch(bad).fingerprint(), keyset.MISSING, bad)
+            watch = keyset.kernel_watch(f"{NS}::w_later")
+            self.assertEqual(watch.fingerprint(), keyset.MISSING)
+            with _scratch_op("w_later"):
+                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+                lib = torch.library.Library(NS, "FRAGMENT")
+                try:
+                    lib.impl("w_later", _meta_kernel, "Meta")
+                    with_kernel = watch.fingerprint()
+                    self.assertNotIn(with_kernel, (keyset.MISSING, keyset.NO_KERNEL))
+                finally:
+                    lib._destroy()
+            # The operator's entry is gone from the dispatcher: a cached
+            # handle would dangle here.
+            self.assertEqual(watch.fingerprint(), keyset.MISSING)
+            with _scratch_op("w_later"):
+                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+
+    @parametrize("backend", ["cpp", "python"])
+    def test_watch_wrong_types(self, backend: str) -> None:
+        """kernel_watch takes an OpOverload or a name, like kernel_keys."""
+        with _use_backend(backend):
+            for bad in (42, None, b"aten::add.Tensor", torch.ops.aten.add):
+                with self.assertRaisesRegex(TypeError, "expected an OpOverload"):
+                    keyset.kernel_watch(bad)  # type: ignore[arg-type]
+
+    @unittest.skipIf(_C is None, NO_CPP_REASON)
+    def test_extension_watch_contract(self) -> None:
+        """The C++ watch checks its keys and shares the Python constants."""
+        assert _C is not None
+        self.assertEqual((_C.MISSING, _C.NO_KERNEL), (keyset.MISSING, keyset.NO_KERNEL))
+        for bad in (-1, 1 << 20):
+            with self.assertRaisesRegex(RuntimeError, "KernelWatch: .* not a c10::DispatchKey"):
+                _C.KernelWatch("aten::add.Tensor", [bad])
+        # No keys watched: nothing can change, but the schema still counts.
+        self.assertEqual(_C.KernelWatch("aten::add.Tensor", []).fingerprint(), keyset.NO_KERNEL)
+        self.assertEqual(_C.KernelWatch("aten::nope", []).fingerprint(), keyset.MISSING)
+        self.assertExpectedInline(
+            repr(_C.KernelWatch("aten::add.Tensor", [])),
+            """<torch_cachepolicy._C.KernelWatch 'aten::add.Tensor'>""",
+        )
+
+
 class TestFallback(TestCase):
     def test_warns_once_in_process(self) -> None:
         """With the helper gone, the first query warns and later ones stay quiet."""
@@ -303,7 +512,22 @@ class TestFallback(TestCase):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 keyset.kernel_keys_many(["aten::linear", "aten::add.Tensor"])
+                keyset.kernel_watch("aten::add.Tensor").fingerprint()
             self.assertEqual(caught, [])
+        finally:
+            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+
+    def test_warning_states_watch_limits(self) -> None:
+        """The fallback warning says that kernel watches are weaker, not only slower."""
+        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        try:
+            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            with self.assertWarns(UserWarning) as ctx:
+                watch = keyset.kernel_watch("aten::add.Tensor")
+            self.assertIsInstance(watch, keyset._DumpKernelWatch)
+            message = str(ctx.warning)
+            self.assertIn("kernel_watch", message)
+            self.assertIn("same source line", message)
         finally:
             keyset._ext, keyset._fallback_reason, keyset._warned = saved
 
@@ -320,8 +544,11 @@ class TestFallback(TestCase):
                 add = keyset.kernel_keys("aten::add.Tensor")
                 many = keyset.kernel_keys_many(["aten::linear", "aten::relu"])
                 keyset.kernel_keys(torch.ops.aten.mm.default)
+                watch = keyset.kernel_watch("aten::add.Tensor")
             print(json.dumps({
                 "backend": keyset.backend(),
+                "watch": type(watch).__name__,
+                "stable": watch.fingerprint() == watch.fingerprint() > 0,
                 "warnings": [str(w.message) for w in caught],
                 "add": sorted(k.name for k in add),
                 "linear": sorted(k.name for k in many[0]),
@@ -346,6 +573,8 @@ class TestFallback(TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertEqual(result["backend"], "python")
+        self.assertEqual(result["watch"], "_DumpKernelWatch")
+        self.assertTrue(result["stable"])
         self.assertEqual(len(result["warnings"]), 1, result["warnings"])
         self.assertIn("TORCH_CACHEPOLICY_FORCE_PYTHON is set", result["warnings"][0])
         self.assertTrue(
@@ -359,6 +588,7 @@ class TestFallback(TestCase):
 
 instantiate_parametrized_tests(TestKeysetParity)
 instantiate_parametrized_tests(TestKeyset)
+instantiate_parametrized_tests(TestKernelWatch)
 
 if __name__ == "__main__":
     run_tests()

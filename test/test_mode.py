@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -191,9 +192,9 @@ class TestSafety(CachePolicyTestCase):
     @contextmanager
     def naive(self) -> Iterator[None]:
         with (
-            mock.patch.object(mode_module, "_check_backend_op", lambda *a, **k: None),
-            mock.patch.object(mode_module, "_check_backend_output", lambda *a, **k: None),
-            mock.patch.object(mode_module, "_check_entry_aliasing", lambda *a, **k: None),
+            mock.patch.object(mode_module, "check_backend_op", lambda *a, **k: None),
+            mock.patch.object(mode_module, "check_backend_output", lambda *a, **k: None),
+            mock.patch.object(mode_module, "verify_entry", lambda *a, **k: None),
         ):
             yield
 
@@ -371,6 +372,155 @@ class TestSafety(CachePolicyTestCase):
             self.assertEqual(T.op("ambient_cast")(x).dtype, torch.int16)
             T.ambient["dtype"] = torch.float32
             self.assertEqual(T.op("ambient_cast")(x).dtype, torch.float32)
+
+
+class TestVerification(CachePolicyTestCase):
+    """Note [Verify every entry on the miss that creates it], and the crosscheck
+    that backs it: each test also shows the wrong hit the check prevents."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.lib = torch.library.Library("tcp_verify", "FRAGMENT")
+        self.addCleanup(self.lib._destroy)
+        self.lib.define("offset(Tensor x) -> Tensor")
+        self.lib.define("unsqueezes(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_verify::offset", lambda x: x.new_empty(x.numel() + 8)[8:], lib=self.lib)
+
+        def unsqueezes(x: torch.Tensor) -> torch.Tensor:
+            x.unsqueeze_(0)
+            return x.new_empty(2)
+
+        torch.library.register_fake("tcp_verify::unsqueezes", unsqueezes, lib=self.lib)
+        self.policy = tcp.CachePolicy(namespaces=["tcp_verify"])
+
+    @contextmanager
+    def unverified(self) -> Iterator[None]:
+        """The naive opt-in: entries as torch builds them, nothing compared."""
+        with (
+            mock.patch.object(mode_module, "verify_entry", lambda *a, **k: None),
+            mock.patch.object(mode_module.InputSnapshot, "changed", lambda self: None),
+        ):
+            yield
+
+    def test_fresh_output_at_an_offset_is_never_replayed_at_zero(self) -> None:
+        """A hit would rebuild the output at offset 0; the miss notices and bypasses."""
+        mode = tcp.FakeTensorMode(cache_policy=self.policy)
+        with mode:
+            outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(2)]
+        self.assertEqual([o.storage_offset() for o in outs], [8, 8])
+        self.assertBypassed(mode, torch.ops.tcp_verify.offset.default, "a hit would differ in storage_offset", 2)
+        with self.unverified():
+            mode = tcp.FakeTensorMode(cache_policy=self.policy)
+            with mode:
+                outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(2)]
+        self.assertEqual([o.storage_offset() for o in outs], [8, 0])
+
+    def test_input_metadata_change_is_never_skipped(self) -> None:
+        """A kernel that unsqueezes its input runs on every call."""
+        mode = tcp.FakeTensorMode(cache_policy=self.policy)
+        with mode:
+            xs = [torch.empty(3) for _ in range(2)]
+            for x in xs:
+                torch.ops.tcp_verify.unsqueezes(x)
+        self.assertEqual([x.shape for x in xs], [(1, 3), (1, 3)])
+        self.assertBypassed(mode, torch.ops.tcp_verify.unsqueezes.default, "fake kernel changed an input's shape", 2)
+        with self.unverified():
+            with tcp.FakeTensorMode(cache_policy=self.policy):
+                xs = [torch.empty(3) for _ in range(2)]
+                for x in xs:
+                    torch.ops.tcp_verify.unsqueezes(x)
+        self.assertEqual([x.shape for x in xs], [(1, 3), (3,)])
+
+    @parametrize("op_name", ["offset", "unsqueezes"])
+    def test_crosscheck_catches_what_verification_would(self, op_name: str) -> None:
+        """Without verification, the crosscheck reports the wrong hit (storage offset, input metadata)."""
+        op = getattr(torch.ops.tcp_verify, op_name).default
+        expected = {"offset": "differs from an uncached dispatch in output 0 storage_offset",
+                    "unsqueezes": "changed an input's shape; the cache hit did not"}[op_name]
+        with tcp.FakeTensorMode(cache_policy=self.policy, cache_crosscheck=True):
+            with self.unverified():
+                op(torch.empty(3))  # the miss stores the entry torch builds
+            with self.assertRaisesRegex(tcp.CrosscheckError, expected):
+                op(torch.empty(3))
+
+    def test_signed_zero_and_nan_arguments(self) -> None:
+        """-0.0 gets its own entry; NaN bypasses without growing the store."""
+        self.lib.define("by_sign(Tensor x, float s) -> Tensor")
+        torch.library.register_fake(
+            "tcp_verify::by_sign",
+            lambda x, s: x.new_empty(2 if math.copysign(1.0, s) < 0 else 1),
+            lib=self.lib,
+        )
+        op = torch.ops.tcp_verify.by_sign.default
+        mode = tcp.FakeTensorMode(cache_policy=self.policy)
+        with mode:
+            x = torch.empty(1)
+            shapes = [tuple(op(x, s).shape) for s in (0.0, -0.0, 0.0, -0.0)]
+            size = len(mode.cache_store)
+            for _ in range(20):
+                op(x, float("nan"))
+        self.assertEqual(shapes, [(1,), (2,), (1,), (2,)])
+        self.assertEqual(len(mode.cache_store), size)
+        self.assertBypassed(mode, op, "NaN argument", 20)
+        self.assertEqual((mode.cache_report()[op].hits, mode.cache_report()[op].misses), (2, 2))
+
+    def test_aliased_arguments_get_their_own_entry(self) -> None:
+        """op(x, x) and op(x, y) with equal metadata are different keys."""
+        self.lib.define("pair_in(Tensor a, Tensor b) -> Tensor")
+
+        def pair_in(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            if a.untyped_storage()._cdata == b.untyped_storage()._cdata:
+                raise ValueError("tcp_verify::pair_in: a and b share storage")
+            return a.new_empty(a.shape)
+
+        torch.library.register_fake("tcp_verify::pair_in", pair_in, lib=self.lib)
+        op = torch.ops.tcp_verify.pair_in.default
+        with tcp.FakeTensorMode(cache_policy=self.policy):
+            x, y = torch.empty(3), torch.empty(3)
+            op(x, y)
+            op(x, y)
+            with self.assertRaisesRegex(ValueError, "share storage"):
+                op(x, x)
+            with self.assertRaisesRegex(ValueError, "share storage"):
+                op(x[:], x)
+
+    def test_inner_op_context_is_a_dependency(self) -> None:
+        """An entry whose kernel calls an op reading the context is not replayed across contexts."""
+        self.lib.define("outer(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_verify::outer", lambda x: T.op("ambient_cast")(x), lib=self.lib)
+        policy = tcp.CachePolicy(
+            namespaces=["tcp_verify", T.NS], context_key=lambda: T.ambient["dtype"], context_namespaces=[T.NS]
+        )
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        try:
+            with mode:
+                x = torch.empty(2)
+                dtypes = []
+                for dtype in (torch.float16, torch.float16, torch.int8, torch.float16):
+                    T.ambient["dtype"] = dtype
+                    dtypes.append(torch.ops.tcp_verify.outer(x).dtype)
+        finally:
+            T.ambient["dtype"] = torch.float32
+        self.assertEqual(dtypes, [torch.float16, torch.float16, torch.int8, torch.float16])
+        report = mode.cache_report()[torch.ops.tcp_verify.outer.default]
+        self.assertEqual((report.hits, report.misses), (1, 3))
+
+    def test_denied_inner_op_runs_every_time(self) -> None:
+        """A backend kernel calling a denied op is not cached either."""
+        self.lib.define("outer(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_verify::outer", lambda x: conv(x, 1), lib=self.lib)
+        policy = backend_policy()
+        policy.register_namespace("tcp_verify")
+        policy.deny(conv)
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(1, 2, 4, 4)
+            for _ in range(3):
+                torch.ops.tcp_verify.outer(x)
+        self.assertEqual(T.calls["conv"], 3)
+        self.assertBypassed(
+            mode, torch.ops.tcp_verify.outer.default, "its kernel dispatches an op the policy denies", 3
+        )
 
 
 class TestIsolation(CachePolicyTestCase):
@@ -881,6 +1031,7 @@ class TestDropIn(TestCase):
 
 instantiate_parametrized_tests(TestDropIn)
 instantiate_parametrized_tests(TestSafety)
+instantiate_parametrized_tests(TestVerification)
 
 
 if __name__ == "__main__":

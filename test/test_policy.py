@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import pickle
+from collections.abc import Callable
 from typing import Any
 
 import cachepolicy_testing as T
@@ -15,10 +19,46 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
+from torch_cachepolicy.policy import unhashable_part
 
 conv = T.op("conv")
 add = torch.ops.aten.add.Tensor
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
+
+
+# Module-level, so pickle can find them by name.
+def quantized_only(op: Any) -> bool:
+    return bool(op.namespace == "quantized_decomposed")
+
+
+def fixed_context() -> str:
+    return "ctx"
+
+
+class SpecPolicy(tcp.CachePolicy):
+    """A backend's policy: the context is a spec the policy holds."""
+
+    def __init__(self, spec: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def context_key(self) -> Any:
+        return tuple(self.spec)
+
+
+class SlottedPolicy(tcp.CachePolicy):
+    __slots__ = ("level",)
+
+
+def _pickled(protocol: int) -> Callable[[Any], Any]:
+    return lambda policy: pickle.loads(pickle.dumps(policy, protocol=protocol))
+
+
+COPIERS: dict[str, Callable[[Any], Any]] = {
+    "copy": copy.copy,
+    "deepcopy": copy.deepcopy,
+    **{f"pickle{p}": _pickled(p) for p in range(2, pickle.HIGHEST_PROTOCOL + 1)},
+}
 
 
 class TestRules(TestCase):
@@ -111,7 +151,7 @@ class TestRules(TestCase):
             """\
 tcp_test::conv.default: cacheable: namespace 'tcp_test' is registered
   kernels registered for: Meta
-  per call, the mode still bypasses unbacked scalar outputs, undeclared aliasing and argument mutation""",
+  per call, the mode still bypasses unbacked scalar outputs, NaN arguments, argument mutation, and any output or input metadata a hit would not reproduce (docs/guide.md)""",
         )
         self.assertExpectedInline(
             policy.explain(q_per_tensor),
@@ -185,14 +225,122 @@ class TestIdentity(TestCase):
         self.assertNotEqual(Sub().identity, tcp.CachePolicy().identity)
 
 
+class TestCopy(TestCase):
+    def assertIndependent(self, original: tcp.CachePolicy, clone: tcp.CachePolicy) -> None:
+        self.assertIs(type(clone), type(original))
+        self.assertEqual(repr(clone), repr(original))
+        self.assertEqual(clone.identity, original.identity)
+        self.assertIsNot(clone._lock, original._lock)
+        self.assertIsNot(clone._decisions, original._decisions)
+        self.assertEqual(clone._decisions, {})
+
+    @parametrize("how", list(COPIERS))
+    def test_copy_is_independent(self, how: str) -> None:
+        """A copy has its own lock, memo and rules; identities agree until either side changes a rule."""
+        policy = tcp.CachePolicy(
+            namespaces=["quantized_decomposed"], deny=[add], predicate=quantized_only, context_key=fixed_context
+        )
+        self.assertFalse(policy.is_cacheable(conv))  # memoized before the copy
+        clone = COPIERS[how](policy)
+        self.assertIndependent(policy, clone)
+
+        clone.register_namespace(T.NS)
+        self.assertTrue(clone.is_cacheable(conv))
+        self.assertFalse(policy.is_cacheable(conv))
+        self.assertNotIn(T.NS, policy.namespaces)
+        self.assertNotEqual(clone.identity, policy.identity)
+
+        policy.register_namespace(T.NS)
+        self.assertEqual(clone.identity, policy.identity)
+        policy.deny(conv)
+        self.assertNotEqual(clone.identity, policy.identity)
+        self.assertTrue(clone.is_cacheable(conv))
+
+    @parametrize("how", list(COPIERS))
+    def test_subclass_attributes_are_copied(self, how: str) -> None:
+        """A subclass's own attributes, __slots__ included, travel with the copy."""
+        policy = SpecPolicy(["TOSA-1.0+INT"], namespaces=[T.NS])
+        clone = COPIERS[how](policy)
+        self.assertIndependent(policy, clone)
+        self.assertEqual(clone.spec, ["TOSA-1.0+INT"])
+        self.assertEqual(clone.context_key(), ("TOSA-1.0+INT",))
+        self.assertEqual(clone.spec is policy.spec, how == "copy")
+
+        slotted = SlottedPolicy()
+        slotted.level = 3
+        clone = COPIERS[how](slotted)
+        self.assertIndependent(slotted, clone)
+        self.assertEqual(clone.level, 3)
+
+    def test_deepcopy_shares_hooks(self) -> None:
+        """deepcopy keeps the predicate and context_key objects, so the identity stays equal."""
+
+        class Spec:
+            def key(self) -> str:
+                return "ctx"
+
+            def admits(self, op: Any) -> bool:
+                return True
+
+        spec = Spec()
+        policy = tcp.CachePolicy(predicate=spec.admits, context_key=spec.key)
+        clone = copy.deepcopy(policy)
+        self.assertIs(clone._predicate, policy._predicate)
+        self.assertIs(clone._context_hook, policy._context_hook)
+        self.assertEqual(clone.identity, policy.identity)
+
+    def test_lambda_hooks_copy_but_do_not_pickle(self) -> None:
+        """copy and deepcopy take any hook; pickle names the hook it cannot pickle and the fix."""
+
+        def local_context() -> str:
+            return "ctx"
+
+        class LocalPolicy(tcp.CachePolicy):
+            pass
+
+        cases = {
+            "predicate=lambda": tcp.CachePolicy(predicate=lambda op: True),
+            "context_key=local function": tcp.CachePolicy(context_key=local_context),
+            "context_key=partial(local function)": tcp.CachePolicy(context_key=functools.partial(local_context)),
+            "local subclass": LocalPolicy(),
+        }
+        lines = []
+        for name, policy in cases.items():
+            self.assertEqual(copy.copy(policy).identity, policy.identity)
+            self.assertEqual(copy.deepcopy(policy).identity, policy.identity)
+            with self.assertRaises(pickle.PicklingError) as caught:
+                pickle.dumps(policy)
+            lines.append(f"{name}: {caught.exception}")
+        self.assertExpectedInline("\n".join(lines), """\
+predicate=lambda: CachePolicy: cannot pickle the predicate <lambda>, a lambda in TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=local function: CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=partial(local function): CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+local subclass: CachePolicy: cannot pickle a LocalPolicy, a class defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; define the subclass at module level""")
+
+
 class TestBadInput(TestCase):
+    def render_errors(self, calls: list[str], **names: Any) -> str:
+        """Runs each call (source text, evaluated with ``P = tcp.CachePolicy``,
+        ``ops = torch.ops``, ``names``) and renders ``call -> Error: message``;
+        every call must raise."""
+        scope = {"P": tcp.CachePolicy, "ops": torch.ops, "conv": conv, **names}
+        lines = []
+        for call in calls:
+            try:
+                eval(call, scope)
+            except (TypeError, ValueError) as e:
+                lines.append(f"{call}\n    -> {type(e).__name__}: {e}")
+            else:
+                self.fail(f"{call} did not raise")
+        return "\n".join(lines)
+
     @parametrize(
         "ns, error, message",
         [
             ("tosa::", ValueError, r"CachePolicy.register_namespace\(...\): 'tosa::' is not a namespace; pass 'tosa'"),
             ("", ValueError, r"'' is not a namespace"),
             ("tosa.ops", ValueError, r"'tosa.ops' is not a namespace"),
-            (None, TypeError, r"expected a namespace string or a torch.library.Library, got NoneType"),
+            (None, TypeError, r"expected a namespace string or a torch.library.Library, got None$"),
             (3, TypeError, r"got int"),
         ],
     )
@@ -207,7 +355,7 @@ class TestBadInput(TestCase):
             ("tcp_test::nope", ValueError, r"no operator tcp_test::nope is registered"),
             ("tcp_test::conv.nope", ValueError, r"tcp_test::conv has no overload 'nope'"),
             ("conv", ValueError, r"'conv' is not an operator name; pass 'ns::name'"),
-            (None, TypeError, r"CachePolicy.register_op\(...\): expected an OpOverload.*got NoneType"),
+            (None, TypeError, r"CachePolicy.register_op\(...\): expected an OpOverload.*got None$"),
             (len, TypeError, r"got builtin_function_or_method"),
             (torch.ops.higher_order.cond, TypeError, r"higher-order operators are cached by torch's own rules"),
         ],
@@ -217,27 +365,187 @@ class TestBadInput(TestCase):
         with self.assertRaisesRegex(error, message):
             tcp.CachePolicy().register_op(op)
 
-    def test_constructor(self) -> None:
-        """Constructor arguments are validated."""
-        with self.assertRaisesRegex(TypeError, r"wrap it: namespaces=\['tosa'\]"):
-            tcp.CachePolicy(namespaces="tosa")  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"include_builtins=...\): expected a bool"):
-            tcp.CachePolicy(include_builtins="yes")  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"predicate=...\): expected a callable"):
-            tcp.CachePolicy(predicate=True)  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"context_key=...\): expected a callable"):
-            tcp.CachePolicy(context_key=1)  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"wrap it: context_namespaces=\['tosa'\]"):
-            tcp.CachePolicy(context_namespaces="tosa")  # type: ignore[arg-type]
-        with self.assertRaisesRegex(ValueError, r"CachePolicy\(context_namespaces=...\): 'tosa::' is not a namespace"):
-            tcp.CachePolicy(context_namespaces=["tosa::"])
-        with self.assertRaisesRegex(ValueError, r"CachePolicy\(deny=...\): no operator"):
-            tcp.CachePolicy(deny=["aten::no_such_op"])
+    def test_constructor_arguments(self) -> None:
+        """Each constructor argument of the wrong type names the parameter and what to pass."""
+        lib = torch.library.Library(T.NS, "FRAGMENT")
+        try:
+            report = self.render_errors(
+                [
+                    "P(namespaces=None)",
+                    "P(namespaces=5)",
+                    "P(namespaces='tosa')",
+                    "P(namespaces=b'tosa')",
+                    "P(namespaces=lib)",
+                    "P(namespaces=ops.tcp_test)",
+                    "P(namespaces=ops.aten.relu)",
+                    "P(namespaces=['tosa', 3])",
+                    "P(namespaces=[ops.tcp_test])",
+                    "P(namespaces=[ops.aten.relu.default])",
+                    "P(namespaces=['tosa::'])",
+                    "P(include_builtins='yes')",
+                    "P(include_builtins=None)",
+                    "P(allow=None)",
+                    "P(allow='ns::op')",
+                    "P(allow=ops.tcp_test)",
+                    "P(allow=custom)",
+                    "P(allow=ops.higher_order.cond)",
+                    "P(allow=3)",
+                    "P(allow=['ns::op'])",
+                    "P(allow=[ops.aten.relu, [ops.aten.add]])",
+                    "P(allow=[lib])",
+                    "P(deny=ops.aten.relu)",
+                    "P(deny=ops.aten.relu.default)",
+                    "P(deny=ops.aten)",
+                    "P(deny=[ops.higher_order.cond])",
+                    "P(deny=['aten::no_such_op'])",
+                    "P(predicate=True)",
+                    "P(predicate=ops.aten.relu.default)",
+                    "P(context_key='TOSA-1.0+INT')",
+                    "P(context_key=ops.aten.relu)",
+                    "P(context_namespaces=5)",
+                    "P(context_namespaces='tosa')",
+                    "P(context_namespaces=conv)",
+                    "P(context_namespaces=[custom])",
+                    "P(context_namespaces=['tosa::'])",
+                ],
+                lib=lib,
+                custom=_custom_op(),
+            )
+        finally:
+            lib._destroy()
+        self.assertExpectedInline(report, """\
+P(namespaces=None)
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got None; pass namespaces=[] or leave it out
+P(namespaces=5)
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got int
+P(namespaces='tosa')
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: namespaces=['tosa']
+P(namespaces=b'tosa')
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got bytes
+P(namespaces=lib)
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the torch.library.Library of 'tcp_test'; wrap it: namespaces=['tcp_test']
+P(namespaces=ops.tcp_test)
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the operator namespace torch.ops.tcp_test; wrap it: namespaces=['tcp_test']
+P(namespaces=ops.aten.relu)
+    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the OpOverloadPacket aten::relu; to cache single operators pass allow=[torch.ops.aten.relu]
+P(namespaces=['tosa', 3])
+    -> TypeError: CachePolicy(namespaces=...): element [1]: expected a namespace string or a torch.library.Library, got int
+P(namespaces=[ops.tcp_test])
+    -> TypeError: CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
+P(namespaces=[ops.aten.relu.default])
+    -> TypeError: CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
+P(namespaces=['tosa::'])
+    -> ValueError: CachePolicy(namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'
+P(include_builtins='yes')
+    -> TypeError: CachePolicy(include_builtins=...): expected True or False, got the string 'yes'
+P(include_builtins=None)
+    -> TypeError: CachePolicy(include_builtins=...): expected True or False, got None
+P(allow=None)
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got None; pass allow=[] or leave it out
+P(allow='ns::op')
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the string 'ns::op'; wrap it: allow=['ns::op']
+P(allow=ops.tcp_test)
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
+P(allow=custom)
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the custom_op tcp_test::custom_double; wrap it: allow=[torch.ops.tcp_test.custom_double.default]
+P(allow=ops.higher_order.cond)
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+P(allow=3)
+    -> TypeError: CachePolicy(allow=...): expected a list of operators, got int
+P(allow=['ns::op'])
+    -> ValueError: CachePolicy(allow=...): element [0]: no operator ns::op is registered; define it (or import the module that defines it) before naming it in a policy
+P(allow=[ops.aten.relu, [ops.aten.add]])
+    -> TypeError: CachePolicy(allow=...): element [1]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list
+P(allow=[lib])
+    -> TypeError: CachePolicy(allow=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the torch.library.Library of 'tcp_test'; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
+P(deny=ops.aten.relu)
+    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the OpOverloadPacket aten::relu; wrap it: deny=[torch.ops.aten.relu]
+P(deny=ops.aten.relu.default)
+    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the OpOverload aten::relu.default; wrap it: deny=[torch.ops.aten.relu.default]
+P(deny=ops.aten)
+    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
+P(deny=[ops.higher_order.cond])
+    -> TypeError: CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+P(deny=['aten::no_such_op'])
+    -> ValueError: CachePolicy(deny=...): element [0]: no operator aten::no_such_op is registered; define it (or import the module that defines it) before naming it in a policy
+P(predicate=True)
+    -> TypeError: CachePolicy(predicate=...): expected a function f(op) -> bool or None, got True
+P(predicate=ops.aten.relu.default)
+    -> TypeError: CachePolicy(predicate=...): expected a function f(op) -> bool or None, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
+P(context_key='TOSA-1.0+INT')
+    -> TypeError: CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the string 'TOSA-1.0+INT'
+P(context_key=ops.aten.relu)
+    -> TypeError: CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the OpOverloadPacket aten::relu
+P(context_namespaces=5)
+    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got int
+P(context_namespaces='tosa')
+    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: context_namespaces=['tosa']
+P(context_namespaces=conv)
+    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got the OpOverload tcp_test::conv.default; pass its namespace: context_namespaces=['tcp_test']
+P(context_namespaces=[custom])
+    -> TypeError: CachePolicy(context_namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the custom_op tcp_test::custom_double; pass its namespace: context_namespaces=['tcp_test']
+P(context_namespaces=['tosa::'])
+    -> ValueError: CachePolicy(context_namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'""")
 
-    def test_decide_rejects_non_overloads(self) -> None:
-        """decide() takes an OpOverload only."""
-        with self.assertRaisesRegex(TypeError, r"CachePolicy.decide\(...\): expected an OpOverload"):
-            tcp.CachePolicy().decide(torch.ops.aten.add)  # type: ignore[arg-type]
+    def test_method_arguments(self) -> None:
+        """Each method argument of the wrong type names the method and what to pass."""
+        report = self.render_errors(
+            [
+                "P().register_namespace(['tosa', 'cortex_m'])",
+                "P().register_namespace(ops.tcp_test)",
+                "P().register_namespace(ops.aten.relu)",
+                "P().register_op([conv])",
+                "P().register_op(ops.tcp_test)",
+                "P().deny(op for op in [conv])",
+                "P().deny(ops.aten)",
+                "P().decide(ops.aten.add)",
+                "P().decide([conv])",
+                "P().is_cacheable(custom)",
+                "P().explain('tcp_test::conv.default')",
+                "P().explain(ops.higher_order.cond)",
+            ],
+            custom=_custom_op(),
+        )
+        self.assertExpectedInline(report, """\
+P().register_namespace(['tosa', 'cortex_m'])
+    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got list; call register_namespace once per namespace
+P().register_namespace(ops.tcp_test)
+    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
+P().register_namespace(ops.aten.relu)
+    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the OpOverloadPacket aten::relu; to cache one operator use register_op(torch.ops.aten.relu)
+P().register_op([conv])
+    -> TypeError: CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list; call register_op once per operator
+P().register_op(ops.tcp_test)
+    -> TypeError: CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' use register_namespace('tcp_test')
+P().deny(op for op in [conv])
+    -> TypeError: CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got generator; call deny once per operator
+P().deny(ops.aten)
+    -> TypeError: CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
+P().decide(ops.aten.add)
+    -> TypeError: CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got the OpOverloadPacket aten::add; pick one of its overloads, e.g. torch.ops.aten.add.Tensor
+P().decide([conv])
+    -> TypeError: CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got list
+P().is_cacheable(custom)
+    -> TypeError: CachePolicy.is_cacheable(...): expected an OpOverload (torch.ops.ns.name.overload), got the custom_op tcp_test::custom_double; pass its overload, torch.ops.tcp_test.custom_double.default
+P().explain('tcp_test::conv.default')
+    -> TypeError: CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the string 'tcp_test::conv.default'
+P().explain(ops.higher_order.cond)
+    -> TypeError: CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy""")
+
+    def test_generators_are_read_once(self) -> None:
+        """Any iterable works, a generator included: it is read once, checked and stored."""
+        policy = tcp.CachePolicy(
+            namespaces=(ns for ns in ["quantized_decomposed"]),
+            allow=(op for op in [conv]),
+            deny=(op for op in [add]),
+            context_namespaces=(ns for ns in [T.NS]),
+        )
+        self.assertExpectedInline(
+            repr(policy),
+            """CachePolicy(namespaces=['quantized_decomposed'], allow=['tcp_test::conv.default'], deny=['aten::add.Tensor'], context_namespaces=['tcp_test'])""",
+        )
+        self.assertTrue(policy.is_cacheable(conv))
+        self.assertFalse(policy.is_cacheable(add))
 
     def test_predicate_errors(self) -> None:
         """A predicate that raises or returns a non-bool names the policy and op."""
@@ -261,6 +569,35 @@ class TestBadInput(TestCase):
             mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[T.NS], context_key=hook))
             with mode, self.assertRaisesRegex(error, message):
                 conv(torch.empty(1, 1, 2, 2), 1)
+
+    def test_unhashable_part(self) -> None:
+        """unhashable_part() points into nested tuples at the first part that does not hash."""
+
+        class Spec:
+            def __init__(self, extensions: list[str]) -> None:
+                self.extensions = extensions
+
+            def __hash__(self) -> int:
+                return hash(tuple(self.extensions)) if self.extensions else hash(self.extensions)
+
+        values: dict[str, object] = {
+            "'TOSA-1.0+INT'": "TOSA-1.0+INT",
+            "('TOSA', frozenset({'int16'}))": ("TOSA", frozenset({"int16"})),
+            "['TOSA']": ["TOSA"],
+            "('TOSA', ['int16'])": ("TOSA", ["int16"]),
+            "('TOSA', ('INT', {'int16': True}), [])": ("TOSA", ("INT", {"int16": True}), []),
+            "(Spec([]),)": (Spec([]),),
+        }
+        self.assertExpectedInline(
+            "\n".join(f"{name}: {unhashable_part(value)}" for name, value in values.items()),
+            """\
+'TOSA-1.0+INT': None
+('TOSA', frozenset({'int16'})): None
+['TOSA']: the value is a list
+('TOSA', ['int16']): element [1] of the tuple is a list
+('TOSA', ('INT', {'int16': True}), []): element [1][1] of the tuple is a dict
+(Spec([]),): element [0] of the tuple is a Spec (hash() raised TypeError: unhashable type: 'list')""",
+        )
 
     def test_mode_arguments(self) -> None:
         """FakeTensorMode validates its own keyword arguments."""
@@ -294,6 +631,7 @@ def _custom_op() -> Any:
 
 
 instantiate_parametrized_tests(TestRules)
+instantiate_parametrized_tests(TestCopy)
 instantiate_parametrized_tests(TestBadInput)
 
 

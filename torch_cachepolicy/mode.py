@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch._higher_order_ops.utils import registered_hop_fake_fns
-from torch._ops import HigherOrderOperator, OpOverload
+from torch._library import custom_ops as _custom_ops
+from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import (
     DispatchCacheInfo,
-    FakeTensor,
     _BypassDispatchCache,
     _DispatchCacheBypassEntry,
+    _DispatchCacheKey,
+    _DispatchCacheValidEntry,
 )
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 from torch.utils._python_dispatch import TorchDispatchMode
+from typing_extensions import override
 
+from torch_cachepolicy import keyset
+from torch_cachepolicy.keyparts import GENERIC_SLOTS, ArgSlots, extend_key
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
 from torch_cachepolicy.report import CacheReport, OpStats
+from torch_cachepolicy.safety import (
+    InputSnapshot,
+    check_backend_op,
+    check_backend_output,
+    describe,
+    first_difference,
+    verify_entry,
+)
 from torch_cachepolicy.store import CacheStore, _Partition, _Table, evict_when_collected
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
@@ -30,14 +44,15 @@ _StockMode = _ft.FakeTensorMode
 _fake_registry = torch._library.simple_registry.singleton
 
 # Routes: which storage a dispatch of an operator uses.
-_STOCK = 0  # policy-independent: torch's own storage (or the store when isolated)
+_STOCK = 0  # policy-independent: torch's own storage (or the store when private)
 _POLICY = 1  # admitted only by the policy: the store, with the extra safety checks
 _BYPASS = 2  # the policy does not admit it: never looked up anywhere
+_HOP = 3  # a higher-order operator: torch's rules, keyed by the policy's context
 
-# The sub-table of an isolated store that holds policy-independent entries.
+# Sub-tables of a partition for entries that do not depend on a fake kernel.
 _STOCK_SUB = ("stock",)
 
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_RUNS_EXCLUDED = "its kernel dispatches an op the policy denies"
 _NO_RULES: Mapping[object, Any] = {}
 _NO_KWARGS: Mapping[str, object] = {}
 
@@ -46,19 +61,57 @@ class CrosscheckError(RuntimeError):
     """A cache hit differed from an uncached dispatch of the same call."""
 
 
-def _fake_kernel(fake_impl: Any) -> object:
-    # Note [Entries belong to a fake kernel]
-    # A backend may re-register an op's fake impl (a newer library version,
-    # a test that swaps it). Entries computed by the old kernel must not
-    # answer for the new one, so the kernel's function selects the sub-table.
-    # Holding the function keeps it alive only as long as the store.
-    # `fake_impl` is the op's FakeImplHolder, fetched once per route.
-    kernel = fake_impl.kernel
-    return None if kernel is None else kernel.func
+class _Route:
+    """How this mode treats one operator; computed once per op and policy.
+
+    Attributes:
+        kind: ``_STOCK``, ``_POLICY``, ``_BYPASS`` or ``_HOP``.
+        func: the operator.
+        label: the bypass reason of a ``_BYPASS`` route.
+        explicit: allowed by name, so it may mutate its arguments.
+        private: entries stay out of torch's storage (Note [Entries that must
+            reproduce aliasing]; a failed verification; HOPs under a policy
+            that is not stock's).
+        taints: denied by the policy; an enclosing entry must not replay
+            it (Note [Entries cover inner ops]).
+        slots: the arguments the key extension looks at (``_POLICY``, ``_HOP``).
+        backend: for ops outside aten/prim/prims, what their entries depend
+            on beyond the key: ``(FakeImplHolder, CustomOpDef or None,
+            KernelWatch, uses the policy's context)``
+            (Note [Entries belong to a fake kernel]).
+    """
+
+    __slots__ = ("backend", "explicit", "func", "kind", "label", "private", "slots", "taints")
+
+    def __init__(self, kind: int, func: object, label: str = "", *, explicit: bool = False) -> None:
+        self.kind = kind
+        self.func = func
+        self.label = label
+        self.explicit = explicit
+        self.private = False
+        self.taints = False
+        self.slots: ArgSlots | None = None
+        self.backend: tuple[Any, Any, keyset.KernelWatch, bool] | None = None
 
 
-def _storage_id(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+class _Frame:
+    """A miss being computed; see Note [Entries cover inner ops]."""
+
+    __slots__ = ("deps", "tainted")
+
+    def __init__(self) -> None:
+        self.tainted = False
+        self.deps: dict[_Route, Hashable] = {}
+
+
+class _Dependent:
+    """An entry whose kernel dispatched backend ops: valid while they are unchanged."""
+
+    __slots__ = ("deps", "entry")
+
+    def __init__(self, entry: _DispatchCacheValidEntry, deps: tuple[tuple[_Route, Hashable], ...]) -> None:
+        self.entry = entry
+        self.deps = deps
 
 
 class FakeTensorMode(_StockMode):
@@ -117,11 +170,11 @@ class FakeTensorMode(_StockMode):
         self._stats: dict[object, OpStats] = {}
         self._synced_identity: object = None
         self._partition = _Partition()  # replaced by the policy's partition on first dispatch
-        # op -> (route, bypass label, explicitly allowed, extra), where extra is
-        # (FakeImplHolder, uses the policy's context) for _POLICY routes and,
-        # for _STOCK routes, whether entries must stay out of torch's storage
-        # (Note [Entries that must reproduce aliasing]).
-        self._routes: dict[object, tuple[int, str, bool, Any]] = {}
+        self._routes: dict[object, _Route] = {}
+        # Misses being computed, per thread, and how many are open in all
+        # threads (a cheap test on the hit path); Note [Entries cover inner ops].
+        self._frames = threading.local()
+        self._open_frames = 0
 
     # ------------------------------------------------------------ public API
 
@@ -140,6 +193,7 @@ class FakeTensorMode(_StockMode):
         """The store holding this mode's policy-dependent entries."""
         return self._cache_store
 
+    @override
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
         """Hits, misses and bypasses of this instance; ``size`` counts every entry
         of its store, which other modes may share."""
@@ -161,6 +215,7 @@ class FakeTensorMode(_StockMode):
         """Per-operator hits, misses and bypass reasons of this instance."""
         return CacheReport.from_stats(self._stats)
 
+    @override
     def cache_clear(self) -> None:  # type: ignore[override]
         """Resets this instance's counters and empties its policy's partition
         (shared by modes with equal policies on the same store). torch's
@@ -170,6 +225,7 @@ class FakeTensorMode(_StockMode):
 
     # ------------------------------------------------------------- dispatch
 
+    @override
     def dispatch(
         self,
         func: Any,
@@ -187,6 +243,7 @@ class FakeTensorMode(_StockMode):
             return handler(self, *args, **(kwargs or {}))
         return super().dispatch(func, types, args, kwargs)
 
+    @override
     def _cached_dispatch_impl(
         self,
         func: OpOverload,
@@ -199,75 +256,135 @@ class FakeTensorMode(_StockMode):
         route = self._routes.get(func)
         if route is None:
             route = self._route(func)
-        kind = route[0]
+        kind = route.kind
         stats = self._stats.get(func)
         if stats is None:
             stats = self._stats[func] = OpStats()
 
         if kind == _BYPASS:
-            stats.bypass(route[1])
+            stats.bypass(route.label)
+            if self._open_frames:
+                self._record(route)
             return self._dispatch_impl(func, types, args, kwargs)
 
         state = _CacheKeyState(self.shape_env)
+        sub: Hashable = None
         try:
+            if kind == _POLICY:
+                sub = self._sub(route)
+                if self._open_frames:
+                    self._record(route, sub)
             key = self._cache_key(state, func, args, kwargs)
+            if route.slots is not None:
+                key = extend_key(key, route.slots, state, args, kwargs)
         except _BypassDispatchCache as e:
             stats.bypass(e.reason)
             return self._dispatch_impl(func, types, args, kwargs)
 
-        on_shape_env = state.cache_on_shape_env()
+        shape_env = state.shape_env if state.cache_on_shape_env() else None
         table: dict[Any, Any]
         if kind == _POLICY:
-            table = self._policy_table(func, route[3], state.shape_env if on_shape_env else None)
-        elif self._cache_store._isolated or route[3]:
-            table = self._partition.table(_STOCK_SUB, state.shape_env if on_shape_env else None)
-        elif on_shape_env:
-            assert state.shape_env is not None
-            table = state.shape_env.fake_tensor_cache
+            table = self._partition.table(sub, shape_env)
+        elif route.private or self._cache_store._isolated:
+            table = self._private_table(route, shape_env)
+        elif shape_env is not None:
+            table = shape_env.fake_tensor_cache
         else:
             table = _StockMode.cache
 
-        entry = table.get(key)
-        if entry is not None:
-            if isinstance(entry, _DispatchCacheBypassEntry):
-                stats.bypass(entry.reason)
-                return self._dispatch_impl(func, types, args, kwargs)
-            output = self._output_from_cache_entry(state, entry, key, func, args)
-            stats.hits += 1
-            if self.cache_crosscheck_enabled:
-                self._crosscheck(output, func, types, args, kwargs)
-            return output
+        entry: Any = table.get(key)
+        if entry is None:
+            return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+        if type(entry) is _Dependent:
+            if not self._still_valid(entry):
+                return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+            entry = entry.entry
+        elif isinstance(entry, _DispatchCacheBypassEntry):
+            stats.bypass(entry.reason)
+            if entry.reason == _RUNS_EXCLUDED:
+                self._taint_frames()
+            return self._dispatch_impl(func, types, args, kwargs)
+        output = self._output_from_cache_entry(state, entry, key, func, args)
+        stats.hits += 1
+        if self.cache_crosscheck_enabled:
+            self._crosscheck(output, func, types, args, kwargs)
+        return output
 
-        output = self._dispatch_impl(func, types, args, kwargs)
+    def _miss(
+        self,
+        route: _Route,
+        stats: OpStats,
+        state: _CacheKeyState,
+        key: _DispatchCacheKey,
+        table: dict[Any, Any],
+        shape_env: Any,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> object:
+        func: Any = route.func
+        kind = route.kind
+        snapshot = InputSnapshot(args, kwargs)
+        frame = self._push_frame()
+        try:
+            output = self._dispatch_impl(func, types, args, kwargs)
+        finally:
+            self._pop_frame(frame)
+
+        in_torch_storage = table is _StockMode.cache or (
+            shape_env is not None and table is shape_env.fake_tensor_cache
+        )
+        entry: _DispatchCacheValidEntry | _DispatchCacheBypassEntry | _Dependent
         try:
             if kind == _POLICY:
-                _check_backend_op(func, args, explicit=route[2])
+                check_backend_op(func, args, explicit=route.explicit)
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
-            # After torch's validation: outputs are now known to be dense
-            # FakeTensors (or scalars), whose storages can be compared.
-            if kind == _POLICY:
-                _check_backend_output(state, func, args, output)
-            _check_entry_aliasing(entry, args, kwargs, output)
         except _BypassDispatchCache as e:
+            # torch's own verdict (or a schema check of ours on a private
+            # table): what a stock mode records, but never in torch's storage.
             stats.bypass(e.reason)
-            if table is _StockMode.cache or (on_shape_env and table is state.shape_env.fake_tensor_cache):  # type: ignore[union-attr]
-                # Never leave a verdict of ours in torch's storage; see
-                # Note [Entries that must reproduce aliasing].
+            if in_torch_storage:
                 return output
             entry = _DispatchCacheBypassEntry(e.reason)
         else:
-            stats.misses += 1
-        if on_shape_env:
+            try:
+                changed = snapshot.changed()
+                if changed is not None:
+                    raise _BypassDispatchCache(f"fake kernel changed an input's {changed}")
+                if frame.tainted:
+                    raise _BypassDispatchCache(_RUNS_EXCLUDED)
+                if kind == _POLICY:
+                    check_backend_output(state, func, args, output)
+                verify_entry(self, state, entry, key, func, args, kwargs, output)
+            except _BypassDispatchCache as e:
+                stats.bypass(e.reason)
+                if e.reason == _RUNS_EXCLUDED:
+                    self._taint_frames()
+                entry = _DispatchCacheBypassEntry(e.reason)
+            else:
+                stats.misses += 1
+                if frame.deps:
+                    entry = _Dependent(entry, tuple(frame.deps.items()))
+            if in_torch_storage and not isinstance(entry, _DispatchCacheValidEntry):
+                # A stock mode may write (or have written) the entry we just
+                # rejected into torch's storage, and torch's storage cannot
+                # hold our verdicts or dependencies: from now on this mode
+                # keeps the op's entries in its own store. See
+                # Note [Entries that must reproduce aliasing].
+                route.private = True
+                table = self._private_table(route, shape_env)
+        if shape_env is not None:
             # Entries must not keep a ShapeEnv alive (torch does the same).
             key.strip_shape_env()
         table[key] = entry
-        if isinstance(table, _Table) and isinstance(func, HigherOrderOperator):
+        if isinstance(table, _Table) and kind == _HOP:
             for leaf in pytree.tree_leaves((args, kwargs)):
                 owner = _id_hashed_owner(leaf)
                 if owner is not None:
                     evict_when_collected(owner, table, key)
         return output
 
+    @override
     def _validate_cache_key(
         self, func: OpOverload, args: Sequence[object], kwargs: Mapping[str, object]
     ) -> None:
@@ -281,7 +398,7 @@ class FakeTensorMode(_StockMode):
             super()._validate_cache_key(func, args, kwargs)
         except _BypassDispatchCache as e:
             route = self._routes.get(func)
-            if e.reason != "non-builtin" or route is None or route[0] != _POLICY:
+            if e.reason != "non-builtin" or route is None or route.kind != _POLICY:
                 raise
 
     # --------------------------------------------------------------- helpers
@@ -293,45 +410,161 @@ class FakeTensorMode(_StockMode):
         self._routes = {}
         self._synced_identity = identity
 
-    def _route(self, func: object) -> tuple[int, str, bool, Any]:
-        if not isinstance(func, OpOverload):
-            # HOPs and anything else torch routes here: torch's own rules.
-            return (_STOCK, "", False, None)
+    def _route(self, func: object) -> _Route:
         policy = self._cache_policy
+        route: _Route
+        if not isinstance(func, OpOverload):
+            # A HOP. Note [Entries cover inner ops]: an invoke_subgraph entry
+            # replays the whole subgraph. torch keys it by the subgraph and
+            # the operands, which is right for stock; under any other policy
+            # its entries live in our store, where they can carry the
+            # subgraph's dependencies.
+            route = _Route(_HOP, func)
+            route.private = not policy.is_stock_equivalent
+            route.slots = GENERIC_SLOTS if route.private else None
+            self._routes[func] = route
+            return route
         decision = policy.decide(func)
-        route: tuple[int, str, bool, Any]
         if not decision.cacheable:
-            route = (_BYPASS, decision.label, False, None)
+            route = _Route(_BYPASS, func, decision.label)
+            route.taints = decision.label in _EXCLUDED_BY_RULE
         elif func.namespace in BUILTIN_NAMESPACES:
-            route = (_STOCK, decision.label, decision.explicit, _returns_undeclared_view(func))
+            route = _Route(_STOCK, func, decision.label, explicit=decision.explicit)
+            route.private = _returns_undeclared_view(func)
         else:
+            route = _Route(_POLICY, func, decision.label, explicit=decision.explicit)
+            route.private = True
+            route.slots = ArgSlots(func)
+        if func.namespace not in BUILTIN_NAMESPACES:
             # find() creates the registry entry if missing, as torch's own
             # _dispatch_impl does for every op, so a fake impl registered
             # later lands in the holder we keep.
-            holder = _fake_registry.find(func.name()).fake_impl
-            route = (_POLICY, decision.label, decision.explicit, (holder, policy.uses_context(func)))
+            route.backend = (
+                _fake_registry.find(func.name()).fake_impl,
+                _custom_ops.OPDEFS.get(func._schema.name),
+                keyset.kernel_watch(func),
+                policy.uses_context(func),
+            )
         if func in policy._decisions:
             self._routes[func] = route
         return route
 
-    def _policy_table(self, func: OpOverload, kernel_and_context: Any, shape_env: Any) -> _Table:
-        fake_impl, uses_context = kernel_and_context
-        context: Hashable = None
-        if uses_context:
-            try:
-                context = self._cache_policy.context_key()
-            except Exception as e:
-                raise RuntimeError(
-                    f"{self._cache_policy!r}.context_key() raised while dispatching {func}: {e!r}"
-                ) from e
+    def _sub(self, route: _Route) -> Hashable:
+        """What a backend op's entries depend on beyond the key, now.
+
+        Note [Entries belong to a fake kernel]
+        A backend may re-register the kernel fake dispatch runs (a newer
+        library version, a test that swaps it): a register_fake impl, a
+        custom_op's register_fake (which swaps the function behind one fixed
+        registered wrapper), or a dispatcher kernel (Meta, composite) through
+        Library.impl. Entries computed by the old kernel must not answer for
+        the new one, so all three select the sub-table, next to the policy's
+        context (Note [Sub-tables]). Holding the functions keeps them alive
+        only as long as the store.
+        """
+        holder, opdef, watch, uses_context = route.backend  # type: ignore[misc]
+        kernel = holder.kernel
+        sub = (
+            self._context_value(route) if uses_context else None,
+            None if kernel is None else kernel.func,
+            None if opdef is None else opdef._abstract_fn,
+            watch.fingerprint(),
+        )
         try:
-            return self._partition.table((context, _fake_kernel(fake_impl)), shape_env)
+            hash(sub)
         except TypeError:
-            raise TypeError(
-                f"{self._cache_policy!r}.context_key() returned an unhashable "
-                f"{type(context).__name__} while dispatching {func}; return a hashable "
-                "value such as a tuple or a string"
-            ) from None
+            raise self._unhashable_context(route.func, sub[0]) from None
+        return sub
+
+    def _context_value(self, route: _Route) -> Hashable:
+        try:
+            return self._cache_policy.context_key()
+        except Exception as e:
+            raise RuntimeError(
+                f"{self._cache_policy!r}.context_key() raised while dispatching {route.func}: {e!r}"
+            ) from e
+
+    def _private_table(self, route: _Route, shape_env: Any) -> _Table:
+        if route.kind != _HOP or not self._cache_policy.has_context:
+            return self._partition.table(_STOCK_SUB, shape_env)
+        context = self._context_value(route)
+        try:
+            return self._partition.table((_HOP_SUB, context), shape_env)
+        except TypeError:
+            raise self._unhashable_context(route.func, context) from None
+
+    def _unhashable_context(self, func: object, context: object) -> TypeError:
+        from torch_cachepolicy.policy import unhashable_part
+
+        where = unhashable_part(context) or f"a {type(context).__name__}"
+        return TypeError(
+            f"{self._cache_policy!r}.context_key() returned an unhashable {type(context).__name__} "
+            f"while dispatching {func}: {where}; return a hashable value such as a tuple or a string"
+        )
+
+    # Note [Entries cover inner ops]
+    # An entry replays everything its kernel did, including the ops that
+    # kernel dispatched: a backend kernel calling another backend op, or
+    # invoke_subgraph running a whole subgraph. Those inner ops may read the
+    # policy's context, be re-registered, or be denied by the policy, and
+    # the outer key sees none of it. So each miss opens a frame; every inner
+    # dispatch of a backend op, cached or not, records what its result
+    # depends on beyond its arguments (its _sub: kernels and context), and
+    # a denied op taints the frame. A tainted miss becomes a negative
+    # entry, so the denied kernel runs every time; a miss with
+    # dependencies becomes a _Dependent entry, served only while each
+    # dependency still has the value it had (else it is a miss again). A hit
+    # of a _Dependent entry passes its dependencies on to enclosing frames.
+
+    def _push_frame(self) -> _Frame:
+        frames: list[_Frame] | None = getattr(self._frames, "stack", None)
+        if frames is None:
+            frames = self._frames.stack = []
+        frame = _Frame()
+        frames.append(frame)
+        self._open_frames += 1
+        return frame
+
+    def _pop_frame(self, frame: _Frame) -> None:
+        self._open_frames -= 1
+        self._frames.stack.remove(frame)
+
+    def _frame_stack(self) -> list[_Frame]:
+        return getattr(self._frames, "stack", None) or []
+
+    def _record(self, route: _Route, sub: Hashable = None) -> None:
+        frames = self._frame_stack()
+        if not frames:
+            return
+        if route.taints:
+            for frame in frames:
+                frame.tainted = True
+            return
+        if route.backend is None:
+            return
+        if route.kind == _BYPASS:
+            # Not cached itself, but what its kernel returns (and so the
+            # enclosing entry) depends on the same things as a cached op's.
+            sub = self._sub(route)
+        for frame in frames:
+            seen = frame.deps.setdefault(route, sub)
+            if seen != sub:
+                # The kernel saw two values of one dependency: no single
+                # value can stand for this miss.
+                frame.tainted = True
+
+    def _taint_frames(self) -> None:
+        for frame in self._frame_stack():
+            frame.tainted = True
+
+    def _still_valid(self, entry: _Dependent) -> bool:
+        for route, sub in entry.deps:
+            if self._sub(route) != sub:
+                return False
+        if self._open_frames:
+            for route, sub in entry.deps:
+                self._record(route, sub)
+        return True
 
     def _crosscheck(
         self,
@@ -341,6 +574,9 @@ class FakeTensorMode(_StockMode):
         args: Sequence[object],
         kwargs: Mapping[str, object],
     ) -> None:
+        # Describe the hit before the rerun, which may change the inputs.
+        hit = describe(output, args, kwargs)
+        snapshot = InputSnapshot(args, kwargs)
         with _ft.disable_fake_tensor_cache(self):
             try:
                 expected = self._dispatch_impl(func, types, args, kwargs)
@@ -349,13 +585,27 @@ class FakeTensorMode(_StockMode):
                     f"FakeTensorMode cache crosscheck: {func} raised when dispatched "
                     f"uncached after a hit: {e!r}"
                 ) from e
-        try:
-            _assert_same_output(expected, output, args)
-        except AssertionError as e:
+        changed = snapshot.changed()
+        if changed is not None:
+            raise CrosscheckError(
+                f"FakeTensorMode cache crosscheck: an uncached dispatch of {func} changed "
+                f"an input's {changed}; the cache hit did not"
+            )
+        diff = first_difference(hit, describe(expected, args, kwargs))
+        if diff is None:
+            try:
+                _assert_same_tensors(expected, output)
+            except AssertionError as e:
+                diff = str(e)
+        if diff is not None:
             raise CrosscheckError(
                 f"FakeTensorMode cache crosscheck: the cached output of {func} differs "
-                f"from an uncached dispatch: {e}"
-            ) from e
+                f"from an uncached dispatch in {diff}"
+            )
+
+
+_EXCLUDED_BY_RULE = frozenset({"denied by policy"})
+_HOP_SUB = "hop"
 
 
 def _check_policy(api: str, policy: object) -> CachePolicy:
@@ -390,144 +640,36 @@ def _id_hashed_owner(leaf: object) -> object | None:
     return None
 
 
-def _check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:
-    """Safety checks on the schema of an op outside aten/prim/prims.
-
-    Note [Why backend ops need more checks than aten]
-    torch's entry validation leans on aten's tags and schemas being right.
-    Custom ops carry no tags and their fake kernels are unchecked, so:
-    a bare SymInt output is cached as a constant (stock returns early), which
-    would replay one unbacked symbol for every call; an output that shares an
-    input's storage without the schema saying so (or two outputs sharing one)
-    comes back unaliased from a hit; a mutating op returning None would skip
-    its kernel (and its checks) on a hit; and a view schema with several
-    tensor args trips an assertion in the entry builder. Each raises
-    _BypassDispatchCache instead, here (schema) or in _check_backend_output.
-    """
-    if func._schema.is_mutable and not explicit:
-        raise _BypassDispatchCache("mutates an argument (allow it with register_op)")
-    if func.is_view and sum(isinstance(a, torch.Tensor) for a in args) != 1:
-        raise _BypassDispatchCache("view op with several tensor arguments")
-
-
-def _check_backend_output(
-    state: _CacheKeyState, func: OpOverload, args: Sequence[object], output: object
-) -> None:
-    """Safety checks on what a backend op's fake kernel returned.
-
-    See Note [Why backend ops need more checks than aten].
-    """
-    outputs = output if isinstance(output, tuple) else (output,)
-    tracing = torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None
-    for out in outputs:
-        if isinstance(out, _SYM_TYPES):
-            if tracing:
-                raise _BypassDispatchCache("Proxy mode with SymNode output")
-            if not out.node.expr.free_symbols <= state.known_symbols:
-                raise _BypassDispatchCache("unbacked symbol in scalar output")
-    input_storages = {
-        _storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)
-    }
-    returns = func._schema.returns
-    output_storages: set[int] = set()
-    for i, out in enumerate(outputs):
-        if not isinstance(out, FakeTensor):
-            continue
-        sid = _storage_id(out)
-        if sid in output_storages:
-            raise _BypassDispatchCache("outputs alias each other")
-        output_storages.add(sid)
-        if sid in input_storages:
-            declared = i < len(returns) and returns[i].alias_info is not None
-            if not declared:
-                raise _BypassDispatchCache("output aliases an input without a schema annotation")
-
-
 def _returns_undeclared_view(func: OpOverload) -> bool:
-    """Whether ``func`` returns an alias (``Tensor(a)``/``Tensor(a!)``) without being a view op."""
-    return not func.is_view and any(r.alias_info is not None for r in func._schema.returns)
-
-
-def _check_entry_aliasing(
-    entry: Any, args: Sequence[object], kwargs: Mapping[str, object], output: object
-) -> None:
-    """Bypasses unless a hit built from ``entry`` shares storage exactly as ``output`` does.
+    """Whether ``func`` returns an alias (``Tensor(a)``/``Tensor(a!)``) without being a view op.
 
     Note [Entries that must reproduce aliasing]
     torch's entry reproduces aliasing in two ways only: an in-place output is
     the input object itself, and a view op's output is rebuilt on its single
-    tensor argument's storage. Any other output gets fresh storage on a hit.
-    Some schemas return an alias without being views (prims.as_strided
-    returns ``Tensor(a!)``, a new tensor on its input's storage), so stock
-    replays them unaliased, and stock's crosscheck does not notice. We check
-    every entry on the miss that creates it. Ops with such schemas keep their
-    entries in our store rather than torch's, because a stock mode may have
-    put a wrong entry there first; and a verdict of ours is never written into
-    torch's storage, where stock modes would read it.
+    tensor argument's storage. Some schemas return an alias without being
+    views (prims.as_strided returns ``Tensor(a!)``, a new tensor on its input's
+    storage), so stock replays them unaliased. Our entry verification rejects
+    such entries (Note [Verify every entry on the miss that creates it]), but
+    a stock mode may have put one into torch's storage first, where we would
+    read it: ops with such schemas, and any op whose entry failed our
+    verification once, keep their entries in our store. A verdict of ours is
+    never written into torch's storage, where stock modes would read it.
     """
-    outputs = output if isinstance(output, tuple) else (output,)
-    infos = entry.output_infos
-    if len(infos) != len(outputs):
-        raise _BypassDispatchCache("entry does not match the output structure")
-    input_storages = {
-        _storage_id(a) for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)
-    }
-    fresh: set[int] = set()
-    for out, info in zip(outputs, infos, strict=True):
-        if not isinstance(out, FakeTensor) or info.inplace_idx is not None:
-            continue
-        sid = _storage_id(out)
-        if info.view_idx is not None:
-            view_arg = args[info.view_idx]
-            reproduced = isinstance(view_arg, FakeTensor) and _storage_id(view_arg) == sid
-        else:
-            reproduced = sid not in input_storages and sid not in fresh
-            fresh.add(sid)
-        if not reproduced:
-            raise _BypassDispatchCache("output aliasing a cache hit would not reproduce")
+    return not func.is_view and any(r.alias_info is not None for r in func._schema.returns)
 
 
-def _alias_signature(value: object, args: Sequence[object]) -> list[tuple[int, ...]]:
-    """For each tensor in ``value``, the positions of inputs sharing its storage."""
-    inputs = [(i, a) for i, a in enumerate(pytree.tree_leaves(args)) if isinstance(a, torch.Tensor)]
-    signature = []
-    for out in pytree.tree_leaves(value):
-        if isinstance(out, torch.Tensor):
-            sid = _storage_id(out)
-            signature.append(tuple(i for i, a in inputs if _storage_id(a) == sid))
-    return signature
+def _assert_same_tensors(expected: object, actual: object) -> None:
+    # torch's own metadata comparison (bases of views, leafness, grads), on
+    # top of describe(), as stock's crosscheck does.
+    for e, a in zip(pytree.tree_leaves(_plain(expected)), pytree.tree_leaves(_plain(actual)), strict=False):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
+            assert_metadata_eq(assert_eq, e, a)
 
 
 def _plain(value: object) -> object:
-    # A meta kernel may return a namedtuple (aminmax, native_layer_norm, ...)
-    # where a hit builds a plain tuple; callers get a plain tuple either way.
     if isinstance(value, tuple):
         return tuple(_plain(v) for v in value)
     return value
-
-
-def _assert_same_output(expected: object, actual: object, args: Sequence[object]) -> None:
-    expected, actual = _plain(expected), _plain(actual)
-    exp_leaves, exp_spec = pytree.tree_flatten(expected)
-    act_leaves, act_spec = pytree.tree_flatten(actual)
-    if exp_spec != act_spec:
-        raise AssertionError(f"structure {act_spec} != {exp_spec}")
-    for e, a in zip(exp_leaves, act_leaves, strict=True):
-        if isinstance(e, torch.Tensor):
-            if not isinstance(a, torch.Tensor):
-                raise AssertionError(f"expected a Tensor, got {type(a).__name__}")
-            assert_metadata_eq(assert_eq, e, a)
-        elif isinstance(e, _SYM_TYPES):
-            if type(e) is not type(a) or e.node is not a.node:  # type: ignore[union-attr]
-                raise AssertionError(f"symbolic value {a} != {e}")
-        elif type(e) is not type(a) or e != a:
-            raise AssertionError(f"value {a!r} != {e!r}")
-    exp_alias, act_alias = _alias_signature(expected, args), _alias_signature(actual, args)
-    if exp_alias != act_alias:
-        raise AssertionError(
-            f"aliasing differs: outputs share storage with inputs {act_alias}, "
-            f"uncached {exp_alias}"
-        )
 
 
 # Keep mypy honest about the base class we extend.

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import pickle
 import re
+import sys
 import threading
+import types
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, SupportsIndex, TypeVar, Union
 
 import torch
 import torch._decomp
+from torch._library.custom_ops import CustomOpDef
 from torch._ops import OpOverload, OpOverloadPacket
 
 from torch_cachepolicy import keyset
 
-__all__ = ["BUILTIN_NAMESPACES", "CacheDecision", "CachePolicy", "OpLike"]
+__all__ = ["BUILTIN_NAMESPACES", "CacheDecision", "CachePolicy", "OpLike", "unhashable_part"]
 
 BUILTIN_NAMESPACES: frozenset[str] = frozenset({"aten", "prim", "prims"})
 """The namespaces stock ``FakeTensorMode`` caches (``torch._library.utils.is_builtin``)."""
@@ -83,9 +89,14 @@ def _resolve_op_string(api: str, name: str) -> tuple[str, str | None]:
     return f"{ns}::{opname}", None
 
 
-def _op_rule(api: str, op: object) -> str:
+def _op_rule(api: str, op: object, namespace_fix: str, many_fix: str | None = None) -> str:
     """Normalizes an op-like to a rule string: ``"ns::name"`` (every overload)
-    or ``"ns::name.overload"``."""
+    or ``"ns::name.overload"``.
+
+    ``namespace_fix`` is the advice (a format string of ``ns``) for a
+    namespace given where an operator belongs; ``many_fix`` the advice for a
+    list given to an API that takes one operator.
+    """
     if isinstance(op, OpOverload):
         return _overload_rule(op)
     if isinstance(op, OpOverloadPacket):
@@ -93,17 +104,20 @@ def _op_rule(api: str, op: object) -> str:
     if isinstance(op, str):
         packet, overload = _resolve_op_string(api, op)
         return packet if overload is None else f"{packet}.{overload}"
-    custom = getattr(op, "_opoverload", None)
-    if isinstance(custom, OpOverload):  # torch.library.custom_op objects
-        return _op_rule(api, custom)
+    if isinstance(op, CustomOpDef):
+        return _overload_rule(op._opoverload)
+    ns = _namespace_name(op)
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        hint = f"; {_HOP_HINT}"
+    elif ns is not None:
+        hint = "; " + namespace_fix.format(ns=repr(ns))
+    elif many_fix is not None and isinstance(op, Iterable) and not isinstance(op, bytes):
+        hint = f"; {many_fix}"
+    else:
+        hint = ""
     raise TypeError(
         f"{api}: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string "
-        f"or torch.library.custom_op, got {type(op).__name__}"
-        + (
-            "; higher-order operators are cached by torch's own rules, not by a policy"
-            if isinstance(op, torch._ops.HigherOrderOperator)
-            else ""
-        )
+        f"or torch.library.custom_op, got {_describe(op)}{hint}"
     )
 
 
@@ -111,19 +125,185 @@ def _overload_rule(op: OpOverload) -> str:
     return f"{op._schema.name}.{op._overloadname}"
 
 
-def _check_namespace(api: str, ns: object) -> str:
+def _check_namespace(api: str, ns: object, param: str) -> str:
+    """Validates one namespace (a string or a ``Library``) and returns its name.
+
+    ``param`` is where it was given (``"namespaces"``, ``"context_namespaces"``
+    or ``"register_namespace"``), which decides the advice for an operator or
+    a list given instead.
+    """
     if isinstance(ns, torch.library.Library):
         ns = ns.ns
     if not isinstance(ns, str):
+        if isinstance(ns, torch._ops._OpNamespace):
+            hint = f"; pass its name: {ns.name!r}"
+        elif isinstance(ns, _ANY_OPS):
+            hint = f"; {_namespace_op_fix(param, ns)}"
+        elif param == "register_namespace" and isinstance(ns, Iterable) and not isinstance(ns, bytes):
+            hint = "; call register_namespace once per namespace"
+        else:
+            hint = ""
         raise TypeError(
-            f"{api}: expected a namespace string or a torch.library.Library, "
-            f"got {type(ns).__name__}"
+            f"{api}: expected a namespace string or a torch.library.Library, got {_describe(ns)}{hint}"
         )
     if not _NAMESPACE_RE.match(ns):
         fix = ns.split("::")[0].strip() if "::" in ns else ""
         hint = f"; pass {fix!r}" if fix and _NAMESPACE_RE.match(fix) else ""
         raise ValueError(f"{api}: {ns!r} is not a namespace{hint}")
     return ns
+
+
+def _check_overload(api: str, op: object) -> OpOverload:
+    """``op`` if it is an OpOverload; otherwise a TypeError that says which overload to pass."""
+    if isinstance(op, OpOverload):
+        return op
+    if isinstance(op, OpOverloadPacket):
+        overloads = op.overloads()
+        hint = f"; pick one of its overloads, e.g. {_source(op)}.{overloads[0]}" if overloads else ""
+    elif isinstance(op, CustomOpDef):
+        hint = f"; pass its overload, {_source(op)}"
+    elif isinstance(op, torch._ops.HigherOrderOperator):
+        hint = f"; {_HOP_HINT}"
+    else:
+        hint = ""
+    raise TypeError(
+        f"{api}: expected an OpOverload (torch.ops.ns.name.overload), got {_describe(op)}{hint}"
+    )
+
+
+_HOP_HINT = "higher-order operators are cached by torch's own rules, not by a policy"
+# The operator objects a policy takes one at a time; with HOPs, every
+# operator someone may pass where something else belongs.
+_SINGLE_OPS = (OpOverload, OpOverloadPacket, CustomOpDef)
+_ANY_OPS = (OpOverload, OpOverloadPacket, CustomOpDef, torch._ops.HigherOrderOperator)
+
+
+def _namespace_name(value: object) -> str | None:
+    """The name of a namespace object (a ``Library`` or ``torch.ops.<ns>``), else None."""
+    if isinstance(value, torch.library.Library):
+        return value.ns
+    if isinstance(value, torch._ops._OpNamespace):
+        return value.name
+    return None
+
+
+def _source(op: OpOverload | OpOverloadPacket | CustomOpDef) -> str:
+    """How to spell ``op`` in Python: ``torch.ops.aten.relu.default``."""
+    if isinstance(op, CustomOpDef):
+        op = op._opoverload
+    if isinstance(op, OpOverload):
+        ns, _, name = op._schema.name.partition("::")
+        return f"torch.ops.{ns}.{name}.{op._overloadname}"
+    ns, _, name = op._qualified_op_name.partition("::")
+    return f"torch.ops.{ns}.{name}"
+
+
+def _describe(value: object) -> str:
+    """Names a wrong argument in an error message: ``None``, ``the string
+    'tosa'``, ``the OpOverload aten::relu.default``, else its type (``int``)."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, OpOverload):
+        return f"the OpOverload {_overload_rule(value)}"
+    if isinstance(value, OpOverloadPacket):
+        return f"the OpOverloadPacket {value._qualified_op_name}"
+    if isinstance(value, CustomOpDef):
+        return f"the custom_op {value._qualname}"
+    if isinstance(value, torch._ops.HigherOrderOperator):
+        return f"the higher-order operator {value.name()}"
+    if isinstance(value, torch._ops._OpNamespace):
+        return f"the operator namespace torch.ops.{value.name}"
+    if isinstance(value, torch.library.Library):
+        return f"the torch.library.Library of {value.ns!r}"
+    return _type_name(value)
+
+
+def _as_list(api: str, value: object, what: str, fix: str | None) -> list[Any]:
+    """Reads an iterable argument once (a generator is consumed here).
+
+    ``fix`` is set when ``value`` is a single item (or None) given where a
+    list belongs: iterating it would yield characters, overload names or op
+    names, each then rejected (or, for namespaces, accepted) for the wrong
+    reason, so the caller names the fix instead.
+    """
+    if fix is not None:
+        raise TypeError(f"{api}: expected {what}, got {_describe(value)}; {fix}")
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
+        raise TypeError(f"{api}: expected {what}, got {_describe(value)}")
+    return list(value)
+
+
+def _namespace_list(param: str, value: object) -> list[Any]:
+    """``namespaces=`` / ``context_namespaces=``: a list of names or Libraries."""
+    api = f"CachePolicy({param}=...)"
+    fix: str | None = None
+    if value is None:
+        fix = f"pass {param}=[] or leave it out"
+    elif isinstance(value, str):
+        fix = f"wrap it: {param}=[{value!r}]"
+    elif (ns := _namespace_name(value)) is not None:
+        fix = f"wrap it: {param}=[{ns!r}]"
+    elif isinstance(value, _ANY_OPS):
+        fix = _namespace_op_fix(param, value)
+    return _as_list(api, value, "a list of namespaces", fix)
+
+
+def _namespace_op_fix(
+    param: str, op: OpOverload | OpOverloadPacket | CustomOpDef | torch._ops.HigherOrderOperator
+) -> str:
+    """The advice for an operator given where a namespace belongs."""
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return _HOP_HINT
+    if param == "namespaces":
+        return f"to cache single operators pass allow=[{_source(op)}]"
+    if param == "register_namespace":
+        return f"to cache one operator use register_op({_source(op)})"
+    if isinstance(op, CustomOpDef):
+        op = op._opoverload
+    ns = op.namespace if isinstance(op, OpOverload) else op._qualified_op_name.partition("::")[0]
+    return f"pass its namespace: {param}=[{ns!r}]"
+
+
+_ALLOW_NAMESPACE_FIX = "to cache every operator of {ns} pass namespaces=[{ns}]"
+_DENY_NAMESPACE_FIX = (
+    "deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] "
+    "(include_builtins=False for aten, prim and prims)"
+)
+
+
+def _op_list(param: str, value: object, namespace_fix: str) -> list[Any]:
+    """``allow=`` / ``deny=``: a list of op-likes."""
+    api = f"CachePolicy({param}=...)"
+    fix: str | None = None
+    if value is None:
+        fix = f"pass {param}=[] or leave it out"
+    elif isinstance(value, str):
+        fix = f"wrap it: {param}=[{value!r}]"
+    elif isinstance(value, _SINGLE_OPS):
+        fix = f"wrap it: {param}=[{_source(value)}]"
+    elif isinstance(value, torch._ops.HigherOrderOperator):
+        fix = _HOP_HINT
+    elif (ns := _namespace_name(value)) is not None:
+        fix = namespace_fix.format(ns=repr(ns))
+    return _as_list(api, value, "a list of operators", fix)
+
+
+def _callable_hook(param: str, value: object, signature: str) -> Any:
+    """``predicate=`` / ``context_key=``: a callable or None."""
+    if value is None:
+        return None
+    # Operators are callable, but calling one with an op (or with nothing)
+    # fails only at the first dispatch, far from the mistake.
+    if isinstance(value, _ANY_OPS) or not callable(value):
+        hint = ""
+        if param == "predicate" and isinstance(value, _SINGLE_OPS):
+            hint = f"; to cache single operators pass allow=[{_source(value)}]"
+        raise TypeError(
+            f"CachePolicy({param}=...): expected a function {signature} or None, got {_describe(value)}{hint}"
+        )
+    return value
 
 
 class _Registrar:
@@ -178,36 +358,42 @@ class CachePolicy:
         context_key: Callable[[], Hashable] | None = None,
         context_namespaces: Iterable[str] | None = None,
     ) -> None:
+        # Every argument is read (a generator consumed) and checked before
+        # anything is stored, so a bad argument leaves no half-built policy.
         if not isinstance(include_builtins, bool):
-            raise TypeError("CachePolicy(include_builtins=...): expected a bool")
-        if isinstance(namespaces, (str, bytes, torch.library.Library)):
             raise TypeError(
-                f"CachePolicy(namespaces=...): expected a list of namespaces; "
-                f"wrap it: namespaces=[{namespaces!r}]"
+                f"CachePolicy(include_builtins=...): expected True or False, got {_describe(include_builtins)}"
             )
-        if predicate is not None and not callable(predicate):
-            raise TypeError("CachePolicy(predicate=...): expected a callable f(op) -> bool")
-        if context_key is not None and not callable(context_key):
-            raise TypeError("CachePolicy(context_key=...): expected a callable f() -> Hashable")
-        if isinstance(context_namespaces, (str, bytes, torch.library.Library)):
-            raise TypeError(
-                f"CachePolicy(context_namespaces=...): expected a list of namespaces; "
-                f"wrap it: context_namespaces=[{context_namespaces!r}]"
-            )
+        namespace_items = _namespace_list("namespaces", namespaces)
+        allow_items = _op_list("allow", allow, _ALLOW_NAMESPACE_FIX)
+        deny_items = _op_list("deny", deny, _DENY_NAMESPACE_FIX)
+        predicate = _callable_hook("predicate", predicate, "f(op) -> bool")
+        context_key = _callable_hook("context_key", context_key, "f() -> Hashable")
+        context_items = (
+            None if context_namespaces is None else _namespace_list("context_namespaces", context_namespaces)
+        )
         self._lock = threading.RLock()
         self._include_builtins = include_builtins
         self._namespaces: set[str] = {
-            _check_namespace("CachePolicy(namespaces=...)", ns) for ns in namespaces
+            _check_namespace(f"CachePolicy(namespaces=...): element [{i}]", ns, "namespaces")
+            for i, ns in enumerate(namespace_items)
         }
-        self._allowed: set[str] = {_op_rule("CachePolicy(allow=...)", op) for op in allow}
-        self._denied: set[str] = {_op_rule("CachePolicy(deny=...)", op) for op in deny}
+        self._allowed: set[str] = {
+            _op_rule(f"CachePolicy(allow=...): element [{i}]", op, _ALLOW_NAMESPACE_FIX)
+            for i, op in enumerate(allow_items)
+        }
+        self._denied: set[str] = {
+            _op_rule(f"CachePolicy(deny=...): element [{i}]", op, _DENY_NAMESPACE_FIX)
+            for i, op in enumerate(deny_items)
+        }
         self._predicate = predicate
         self._context_hook = context_key
         self._context_namespaces: frozenset[str] | None = (
             None
-            if context_namespaces is None
+            if context_items is None
             else frozenset(
-                _check_namespace("CachePolicy(context_namespaces=...)", ns) for ns in context_namespaces
+                _check_namespace(f"CachePolicy(context_namespaces=...): element [{i}]", ns, "context_namespaces")
+                for i, ns in enumerate(context_items)
             )
         )
         # Note [Policy identity]
@@ -229,7 +415,7 @@ class CachePolicy:
         registered when this is called and a decorated object is returned
         unchanged.
         """
-        ns = _check_namespace("CachePolicy.register_namespace(...)", ns)
+        ns = _check_namespace("CachePolicy.register_namespace(...)", ns, "register_namespace")
         with self._lock:
             self._namespaces.add(ns)
             self._rebuild()
@@ -241,7 +427,12 @@ class CachePolicy:
         Allowing an op by name is also how an op that mutates its arguments
         opts in to caching. Works as a plain call and as a decorator.
         """
-        rule = _op_rule("CachePolicy.register_op(...)", op)
+        rule = _op_rule(
+            "CachePolicy.register_op(...)",
+            op,
+            "to cache every operator of {ns} use register_namespace({ns})",
+            "call register_op once per operator",
+        )
         with self._lock:
             self._allowed.add(rule)
             self._rebuild()
@@ -249,7 +440,7 @@ class CachePolicy:
 
     def deny(self, op: OpLike) -> _Registrar:
         """Never caches ``op``; beats every other rule. Works as a decorator too."""
-        rule = _op_rule("CachePolicy.deny(...)", op)
+        rule = _op_rule("CachePolicy.deny(...)", op, _DENY_NAMESPACE_FIX, "call deny once per operator")
         with self._lock:
             self._denied.add(rule)
             self._rebuild()
@@ -285,6 +476,17 @@ class CachePolicy:
         return frozenset(self._namespaces) | extra
 
     @property
+    def is_stock_equivalent(self) -> bool:
+        """Whether the rules cache exactly what stock torch caches (``CachePolicy()``):
+        builtins, nothing else, no exclusions, no context."""
+        return (
+            self._include_builtins
+            and not (self._namespaces or self._allowed or self._denied)
+            and self._predicate is None
+            and not self.has_context
+        )
+
+    @property
     def has_context(self) -> bool:
         """Whether :meth:`context_key` adds anything to cache keys."""
         return self._context_hook is not None or type(self).context_key is not CachePolicy.context_key
@@ -308,30 +510,15 @@ class CachePolicy:
 
     def decide(self, op: OpOverload) -> CacheDecision:
         """Whether ``op`` may be cached, and why. Memoized per OpOverload."""
-        # Capture the memo first: if a rule changes while we decide, our
-        # (old-rules) decision lands in the old memo, never in the new one.
-        memo = self._decisions
-        decision = memo.get(op)
-        if decision is None:
-            if not isinstance(op, OpOverload):
-                hop = isinstance(op, torch._ops.HigherOrderOperator)
-                raise TypeError(
-                    f"CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), "
-                    f"got {_type_name(op)}"
-                    + ("; higher-order operators are cached by torch's own rules, not by a policy" if hop else "")
-                )
-            decision, memoize = self._decide_uncached(op)
-            if memoize:
-                memo[op] = decision
-        return decision
+        return self._decide("CachePolicy.decide(...)", op)
 
     def is_cacheable(self, op: OpOverload) -> bool:
         """Shorthand for ``decide(op).cacheable``."""
-        return self.decide(op).cacheable
+        return self._decide("CachePolicy.is_cacheable(...)", op).cacheable
 
     def explain(self, op: OpOverload) -> str:
         """One line per fact the decision rests on, for people."""
-        decision = self.decide(op)
+        decision = self._decide("CachePolicy.explain(...)", op)
         verdict = "cacheable" if decision.cacheable else "not cacheable"
         keys = sorted(k.name for k in keyset.kernel_keys(op))
         lines = [
@@ -340,10 +527,26 @@ class CachePolicy:
         ]
         if op.namespace not in BUILTIN_NAMESPACES and decision.cacheable:
             lines.append(
-                "  per call, the mode still bypasses unbacked scalar outputs, undeclared "
-                "aliasing" + ("" if decision.explicit else " and argument mutation")
+                "  per call, the mode still bypasses unbacked scalar outputs, NaN arguments, "
+                + ("" if decision.explicit else "argument mutation, ")
+                + "and any output or input metadata a hit would not reproduce (docs/guide.md)"
             )
         return "\n".join(lines)
+
+    def _decide(self, api: str, op: object) -> CacheDecision:
+        # Checked before the memo lookup: an unhashable argument would fail
+        # there with a bare "unhashable type". The mode calls this only when
+        # it has no route for an op yet, so the check is off its hit path.
+        op = _check_overload(api, op)
+        # Capture the memo first: if a rule changes while we decide, our
+        # (old-rules) decision lands in the old memo, never in the new one.
+        memo = self._decisions
+        decision = memo.get(op)
+        if decision is None:
+            decision, memoize = self._decide_uncached(op)
+            if memoize:
+                memo[op] = decision
+        return decision
 
     def _decide_uncached(self, op: OpOverload) -> tuple[CacheDecision, bool]:
         overload = _overload_rule(op)
@@ -402,6 +605,80 @@ class CachePolicy:
             )
         return result
 
+    # --------------------------------------------------------------- copying
+
+    # Note [Copying a policy]
+    # copy.copy, copy.deepcopy and pickle give an independent policy: its own
+    # lock, its own rule sets and an empty memo, whatever it is a copy of. Its
+    # identity is rebuilt, a new object equal to the original's while the
+    # rules are equal (Note [Policy identity]): modes using either policy
+    # share partitions of one store until either side changes a rule. The
+    # memo is never copied, so no decision made under the original's rules
+    # can answer for the copy once its rules differ.
+    # The predicate and context_key hooks count in the identity by object, so
+    # a deep copy shares them (as deepcopy shares plain functions) instead of
+    # copying a callable object or a bound method into a new identity. pickle
+    # restores a module-level function as the same object; a lambda or a
+    # local function cannot be pickled, and neither can a subclass defined
+    # inside a function, which __reduce_ex__ reports in our words.
+    # Every other attribute, a subclass's included, is copied as copy.copy /
+    # copy.deepcopy / pickle copy any attribute. A subclass that overrides
+    # __getstate__ extends the dict the base returns.
+
+    def __getstate__(self) -> object:
+        # Under the lock: a rule added meanwhile must not change a set while
+        # it is copied.
+        # The (dict, slots) pair is the layout object.__getstate__ has on
+        # Python 3.11+, built here so that 3.10 copies a subclass's slots too.
+        with self._lock:
+            attrs = {k: v for k, v in self.__dict__.items() if k not in _NOT_COPIED}
+            for name in _RULE_SETS:
+                attrs[name] = set(attrs[name])
+            slots = {name: getattr(self, name) for name in _slot_names(type(self)) if hasattr(self, name)}
+        return (attrs, slots) if slots else attrs
+
+    def __setstate__(self, state: object) -> None:
+        attrs, slots = _split_state(state)
+        self.__dict__.update(attrs)
+        for name, value in (slots or {}).items():
+            object.__setattr__(self, name, value)
+        self._lock = threading.RLock()
+        self._rebuild()
+
+    def __copy__(self) -> CachePolicy:
+        clone = type(self).__new__(type(self))
+        clone.__setstate__(self.__getstate__())
+        return clone
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CachePolicy:
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        attrs, slots = _split_state(self.__getstate__())
+        hooks = {name: attrs.pop(name) for name in _HOOKS if name in attrs}
+        attrs = copy.deepcopy(attrs, memo)
+        attrs.update(hooks)
+        slots = copy.deepcopy(slots, memo)
+        clone.__setstate__(attrs if slots is None else (attrs, slots))
+        return clone
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # copy.copy / copy.deepcopy never get here (__copy__, __deepcopy__),
+        # so only pickling is refused, and a lambda hook still copies.
+        problem = _unpicklable_by_name(type(self))
+        if problem is not None:
+            raise pickle.PicklingError(
+                f"CachePolicy: cannot pickle a {type(self).__name__}, {problem}; "
+                "define the subclass at module level"
+            )
+        for role, hook in (("predicate", self._predicate), ("context_key", self._context_hook)):
+            problem = _unpicklable_by_name(hook)
+            if problem is not None:
+                raise pickle.PicklingError(
+                    f"CachePolicy: cannot pickle the {role} {_hook_name(hook)}, {problem}; "
+                    "pass a module-level function"
+                )
+        return super().__reduce_ex__(protocol)
+
     def __repr__(self) -> str:
         parts = [f"namespaces={sorted(self._namespaces)}"]
         if not self._include_builtins:
@@ -427,3 +704,112 @@ def _type_name(obj: object) -> str:
 
 def _which(overload: str, packet: str, rules: set[str]) -> str:
     return overload if overload in rules else packet
+
+
+# Attributes that a copy makes afresh (Note [Copying a policy]).
+_NOT_COPIED = frozenset({"_lock", "_identity", "_decisions"})
+_RULE_SETS = ("_namespaces", "_allowed", "_denied")
+_HOOKS = ("_predicate", "_context_hook")
+
+
+def _slot_names(cls: type) -> list[str]:
+    """The ``__slots__`` attributes of ``cls`` and its bases, mangled as Python stores them."""
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{klass.__name__.lstrip('_')}{name}"
+            names.append(name)
+    return names
+
+
+def _split_state(state: object) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A ``__getstate__`` result (a dict, or a (dict, slot values) pair) as
+    (attributes, slot values or None)."""
+    if isinstance(state, tuple):
+        attrs, slots = state
+        return dict(attrs or {}), slots
+    assert isinstance(state, dict), f"CachePolicy.__getstate__ must return a dict, got {type(state).__name__}"
+    return state, None
+
+
+def _unpicklable_by_name(obj: object) -> str | None:
+    """Why pickle cannot find function or class ``obj`` by its module and
+    qualified name, which is how it pickles them (``"a lambda in f"``), or None.
+
+    Looks only at functions (also inside ``functools.partial``) and classes;
+    whatever else pickle cannot handle fails in pickle's own words.
+    """
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    if not isinstance(obj, (types.FunctionType, type)):
+        return None
+    kind = "class" if isinstance(obj, type) else "function"
+    scope, _, name = obj.__qualname__.rpartition(".")
+    scope = scope.removesuffix(".<locals>")
+    if name == "<lambda>":
+        return f"a lambda in {scope}" if scope else "a lambda"
+    if "<locals>" in obj.__qualname__.split("."):
+        return f"a {kind} defined inside {scope}"
+    found: Any = sys.modules.get(obj.__module__)
+    for part in obj.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if found is not obj:
+        return f"a {kind} that pickle cannot find as {obj.__module__}.{obj.__qualname__}"
+    return None
+
+
+def _hook_name(hook: object) -> str:
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    return getattr(hook, "__name__", None) or repr(hook)
+
+
+def unhashable_part(value: object) -> str | None:
+    """Describes the first part of ``value`` that cannot be hashed, or None if
+    ``value`` hashes.
+
+    Looks into tuples element by element, nested tuples included, so the
+    answer points at the culprit: ``"element [1] of the tuple is a list"``,
+    ``"element [1][0] of the tuple is a dict"``. A value that is not a tuple
+    gives ``"the value is a list"``. (A frozenset always hashes: its hash is
+    made of the element hashes taken when it was built.) For error messages
+    about a ``context_key()`` result.
+    """
+    if _hash_error(value) is None:
+        return None
+    path: list[str] = []
+    culprit = value
+    while isinstance(culprit, tuple):
+        # A tuple's hash fails only if an element's does (a tuple subclass
+        # with its own __hash__ may fail on its own, then it is the culprit).
+        index = next((i for i, item in enumerate(culprit) if _hash_error(item) is not None), None)
+        if index is None:
+            break
+        path.append(f"[{index}]")
+        culprit = culprit[index]
+    what = _unhashable_what(culprit)
+    if not path:
+        return f"the value is {what}"
+    return f"element {''.join(path)} of the {_type_name(value)} is {what}"
+
+
+def _hash_error(value: object) -> Exception | None:
+    try:
+        hash(value)
+    except Exception as e:  # a user's __hash__ may raise anything
+        return e
+    return None
+
+
+def _unhashable_what(value: object) -> str:
+    """``a list``; for a type whose ``__hash__`` raised, ``a Spec (hash() raised TypeError: ...)``."""
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    error = _hash_error(value)
+    if type(value).__hash__ is None or error is None:
+        return f"{article} {name}"
+    return f"{article} {name} (hash() raised {type(error).__name__}: {error})"

@@ -1,0 +1,207 @@
+"""What a backend op's cache key needs beyond torch's ``_cache_key``.
+
+Note [A key that sees what a fake kernel can see]
+torch's key encodes each non-tensor argument as ``(type, value)`` and each
+tensor as its metadata. Three things a fake kernel can observe are lost that
+way, and aten's kernels never look at them, which is why stock torch can
+ignore them. A backend kernel may:
+
+* tell ``-0.0`` from ``0.0`` (``math.copysign``), which compare equal;
+* receive ``NaN``, which never equals itself, so its key never hits and each
+  call would add one more entry to the store;
+* see which tensor arguments share storage, are the same object, or are
+  views, and of what base (two views of one base, ``op(x, x)``), none of
+  which is in the metadata of each tensor taken alone;
+* find floats and tensors inside a ``Dict`` argument.
+
+For the ops a policy routes to its store we add the sign of zero and the
+sharing pattern to the key, and refuse NaN (a bypass, so the store does not
+grow). The extra part is empty in the common case (no signed zero, no
+sharing, no view), and then the key is torch's key unchanged. Which
+arguments to look at comes from the schema, once per operator, so a hit
+only visits the arguments that can hold a float or a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch._ops import OpOverload
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey
+
+__all__ = ["GENERIC_SLOTS", "ArgSlots", "extend_key"]
+
+# An argument's position in ``args`` and its name in ``kwargs``.
+_Slot = tuple[int, str]
+
+# Marks where torch's key ends and ours begins; never equal to anything torch
+# puts in a key, so an extended key never collides with a plain one.
+_EXTRA = object()
+
+_NO_FLOAT = (
+    torch.IntType,
+    torch.BoolType,
+    torch.StringType,
+    torch.TensorType,
+    torch.SymIntType,
+    torch.SymBoolType,
+    torch.DeviceObjType,
+    torch.NoneType,
+)
+
+
+def _can_hold_float(t: torch._C.JitType) -> bool:
+    if isinstance(t, (torch.OptionalType, torch.ListType)):
+        return _can_hold_float(t.getElementType())
+    # Everything else (float, Scalar, complex, Any, tuples, types we do not
+    # know) may carry a float; the scan is cheap, so err on that side.
+    return not isinstance(t, _NO_FLOAT)
+
+
+def _can_hold_tensor(t: torch._C.JitType) -> bool:
+    if isinstance(t, (torch.OptionalType, torch.ListType)):
+        return _can_hold_tensor(t.getElementType())
+    return not isinstance(
+        t,
+        (
+            torch.IntType,
+            torch.BoolType,
+            torch.StringType,
+            torch.FloatType,
+            torch.ComplexType,
+            torch.NumberType,
+            torch.SymIntType,
+            torch.SymBoolType,
+            torch.DeviceObjType,
+            torch.NoneType,
+        ),
+    )
+
+
+class ArgSlots:
+    """The arguments of one operator that can hold a float or a tensor.
+
+    ``ArgSlots(op)`` reads them off the schema; :data:`GENERIC_SLOTS` stands
+    for every argument, for callers without a schema (higher-order ops).
+    """
+
+    __slots__ = ("floats", "generic", "single_tensor", "tensors")
+
+    def __init__(self, op: OpOverload | None) -> None:
+        self.generic = op is None
+        arguments = [] if op is None else op._schema.arguments
+        self.floats: tuple[_Slot, ...] = tuple(
+            (i, a.name) for i, a in enumerate(arguments) if _can_hold_float(a.type)
+        )
+        self.tensors: tuple[_Slot, ...] = tuple(
+            (i, a.name) for i, a in enumerate(arguments) if _can_hold_tensor(a.type)
+        )
+        # One plain Tensor argument: nothing it could share storage with.
+        self.single_tensor = len(self.tensors) == 1 and isinstance(
+            arguments[self.tensors[0][0]].type, torch.TensorType
+        )
+
+
+GENERIC_SLOTS = ArgSlots(None)
+
+_MISSING = object()
+
+
+def _values(
+    slots: tuple[_Slot, ...], generic: bool, args: Sequence[object], kwargs: Mapping[str, object]
+) -> list[tuple[object, object]]:
+    """(where, value) of each argument in ``slots``, or of every argument."""
+    if generic:
+        return [*enumerate(args), *kwargs.items()]
+    out: list[tuple[object, object]] = []
+    for i, name in slots:
+        if i < len(args):
+            out.append((i, args[i]))
+        elif name in kwargs:
+            out.append((i, kwargs[name]))
+    return out
+
+
+def _float_marks(value: object, path: tuple[object, ...], out: list[object]) -> None:
+    if isinstance(value, float):
+        if value != value:
+            raise _BypassDispatchCache("NaN argument")
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            out.append(("-0.0", path))
+    elif isinstance(value, complex):
+        for part, x in (("real", value.real), ("imag", value.imag)):
+            if x != x:
+                raise _BypassDispatchCache("NaN argument")
+            if x == 0.0 and math.copysign(1.0, x) < 0:
+                out.append(("-0.0", path, part))
+    elif isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            _float_marks(item, (*path, j), out)
+    elif isinstance(value, dict):
+        for j, (k, item) in enumerate(value.items()):
+            _float_marks(k, (*path, j, "key"), out)
+            _float_marks(item, (*path, j), out)
+
+
+def _tensors(value: object, out: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, out)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _tensors(item, out)
+
+
+def _first_index(values: list[int]) -> tuple[int, ...]:
+    seen: dict[int, int] = {}
+    return tuple(seen.setdefault(v, i) for i, v in enumerate(values))
+
+
+def extend_key(
+    key: _DispatchCacheKey,
+    slots: ArgSlots,
+    state: _CacheKeyState,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> _DispatchCacheKey:
+    """``key``, extended by what torch's key cannot see (see the module note).
+
+    A view's base is described through ``state`` like any argument of torch's
+    key, so its symbols take part in deciding where the entry lives, and an
+    output symbol found there is rebuilt from it.
+
+    Raises:
+        _BypassDispatchCache: an argument is NaN.
+    """
+    marks: list[object] = []
+    for where, value in _values(slots.floats, slots.generic, args, kwargs):
+        _float_marks(value, (where,), marks)
+    tensors: list[torch.Tensor] = []
+    for _, value in _values(slots.tensors, slots.generic, args, kwargs):
+        _tensors(value, tensors)
+    views = [i for i, t in enumerate(tensors) if t._is_view()]
+    if len(tensors) > 1 or not slots.single_tensor:
+        storages = _first_index([t.untyped_storage()._cdata for t in tensors])
+        # The same object twice implies shared storage, so one test covers both.
+        if storages != tuple(range(len(tensors))):
+            marks.append(("shared", storages, _first_index([id(t) for t in tensors])))
+    if not marks and not views:
+        return key
+    values: list[object] = [*key.key, _EXTRA, *marks]
+    for i in views:
+        # A kernel can look at x._base; torch's key describes x alone.
+        base = tensors[i]._base
+        assert base is not None
+        is_arg = next((j for j, t in enumerate(tensors) if t is base), -1)
+        values.append(("view of", i, is_arg, base.dtype, base.dim()))
+        for v in (*base.shape, *base.stride(), base.storage_offset()):
+            if isinstance(v, torch.SymInt):
+                state.convert_sym_int(values, v)
+            else:
+                values.append(v)
+    return _DispatchCacheKey(tuple(values))

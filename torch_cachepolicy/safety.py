@@ -1,0 +1,297 @@
+"""The checks that keep a cache hit equal to an uncached dispatch.
+
+Everything here runs on a miss (or in the crosscheck), never on a hit.
+
+Note [Verify every entry on the miss that creates it]
+torch's entry format can rebuild an output only in three shapes: the input
+object itself (in-place), a tensor on a view op's single tensor argument's
+storage, or a fresh tensor from ``empty_strided`` (storage offset 0, the
+smallest storage that holds it). A fake kernel can return anything else: a
+fresh tensor at an offset or on a larger storage, a view that the schema
+does not declare, outputs sharing storage, or it can change an input's
+metadata, which a hit would skip. Rather than enumerating such kernels, the
+mode builds, on the miss that creates an entry, the output a hit would
+return (torch's own ``_output_from_cache_entry``) and compares it with the
+real output through :func:`describe`, and compares every tensor input
+before and after the kernel. Any difference becomes a negative entry with a
+reason that names it. Misses are rare, so the guarantee costs the hit path
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._ops import OpOverload
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache
+
+__all__ = [
+    "InputSnapshot",
+    "check_backend_op",
+    "check_backend_output",
+    "describe",
+    "first_difference",
+]
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _Sym:
+    """A symbolic int that compares without adding guards to its ShapeEnv.
+
+    ``SymInt == SymInt`` followed by ``bool()`` would guard. Two expressions
+    are equal here if they are the same after expansion (``4*s0*s1`` and the
+    ``empty_strided`` form ``4*s1*(s0 - 1) + 4*s1``) or if the ShapeEnv can
+    prove them equal from what it already knows; anything else counts as a
+    difference, which only ever costs a bypass.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: torch.SymInt) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Sym):
+            return False
+        a, b = self.value.node.expr, other.value.node.expr
+        if a == b or (a - b).expand() == 0:
+            return True
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(self.value == other.value))
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return str(self.value)
+
+
+def _int(v: object) -> object:
+    """An int as itself, a SymInt as its int value or a :class:`_Sym`."""
+    if isinstance(v, torch.SymInt):
+        value = v.node.maybe_as_int()
+        return value if value is not None else _Sym(v)
+    return v
+
+
+def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
+    return (
+        ("dtype", t.dtype),
+        ("device", t.device),
+        ("layout", t.layout),
+        ("shape", tuple(_int(s) for s in t.shape)),
+        ("stride", tuple(_int(s) for s in t.stride())),
+        ("storage_offset", _int(t.storage_offset())),
+        ("storage size", _int(t.untyped_storage().nbytes())),
+        ("requires_grad", t.requires_grad),
+        ("is_conj", t.is_conj()),
+        ("is_neg", t.is_neg()),
+        ("is_view", t._is_view()),
+        # A kernel may hand back a FakeTensor of another mode; a hit builds one of ours.
+        ("fake mode", id(getattr(t, "fake_mode", None))),
+        # Python attributes: a kernel may tag its output, or memoize on an
+        # input (x.nonzero() sets x's nonzero memo); a hit does neither.
+        ("python attributes", _python_state(t)),
+    )
+
+
+_PLAIN = (type(None), bool, int, float, str, torch.device, torch.dtype)
+
+
+def _python_state(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
+    state = getattr(t, "__dict__", None)
+    if not state:
+        return ()
+    return tuple(
+        (k, v if isinstance(v, _PLAIN) else _int(v) if isinstance(v, torch.SymInt) else (type(v).__name__, id(v)))
+        for k, v in sorted(state.items())
+    )
+
+
+def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list[torch.Tensor]:
+    return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+
+
+def describe(
+    output: object, args: Sequence[object], kwargs: Mapping[str, object]
+) -> list[tuple[str, object]]:
+    """Everything a caller can observe of ``output``, as comparable (name, value) pairs.
+
+    Tensors contribute their metadata and their aliasing: which input tensors
+    they are (``is``), which inputs and earlier outputs share their storage.
+    SymInts contribute their expression, other values their type and value.
+    A namedtuple counts as a plain tuple (stock hits return plain tuples).
+    """
+    inputs = _input_tensors(args, kwargs)
+    input_storages = [_storage_id(t) for t in inputs]
+    leaves = pytree.tree_leaves(_plain(output))
+    out: list[tuple[str, object]] = [("structure", pytree.tree_structure(_plain(output)))]
+    seen_storages: list[int] = []
+    for i, leaf in enumerate(leaves):
+        where = f"output {i}"
+        if isinstance(leaf, torch.Tensor):
+            # Aliasing first: when a hit loses it, the metadata that differs
+            # too (storage size, offset) is a consequence, not the cause.
+            sid = _storage_id(leaf)
+            out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
+            out.append(
+                (f"{where} storage sharing with inputs", tuple(j for j, s in enumerate(input_storages) if s == sid))
+            )
+            out.append(
+                (f"{where} storage sharing with outputs", tuple(j for j, s in enumerate(seen_storages) if s == sid))
+            )
+            out.extend((f"{where} {name}", value) for name, value in _tensor_fields(leaf))
+            seen_storages.append(sid)
+        elif isinstance(leaf, torch.SymInt):
+            out.append((f"{where} value", ("SymInt", _int(leaf))))
+            seen_storages.append(-1)
+        elif isinstance(leaf, (torch.SymFloat, torch.SymBool)):
+            out.append((f"{where} value", (type(leaf).__name__, leaf.node.expr)))
+            seen_storages.append(-1)
+        else:
+            out.append((f"{where} value", (type(leaf), leaf)))
+            seen_storages.append(-1)
+    return out
+
+
+def first_difference(actual: list[tuple[str, object]], expected: list[tuple[str, object]]) -> str | None:
+    """The name of the first field where two :func:`describe` results differ."""
+    for (name, a), (_, e) in zip(actual, expected, strict=False):
+        if _differs(a, e):
+            return name
+    if len(actual) != len(expected):
+        return "structure"
+    return None
+
+
+def _differs(a: object, e: object) -> bool:
+    try:
+        return bool(a != e)
+    except Exception:
+        # Values whose comparison raises (a tensor constant, say) are
+        # treated as different: we only ever bypass on that answer.
+        return a is not e
+
+
+def _plain(value: object) -> object:
+    # A meta kernel may return a namedtuple (aminmax, native_layer_norm, ...)
+    # where a hit builds a plain tuple; callers get a plain tuple either way.
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+class InputSnapshot:
+    """The metadata of every tensor argument, taken before a kernel runs."""
+
+    __slots__ = ("_before", "_tensors")
+
+    def __init__(self, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+        self._tensors = _input_tensors(args, kwargs)
+        self._before = [self._state(t) for t in self._tensors]
+
+    @staticmethod
+    def _state(t: torch.Tensor) -> tuple[int, tuple[tuple[str, object], ...]]:
+        return (_storage_id(t), _tensor_fields(t))
+
+    def changed(self) -> str | None:
+        """Which input field changed since the snapshot (``"shape"``), or None."""
+        for t, (storage, fields) in zip(self._tensors, self._before, strict=True):
+            if _storage_id(t) != storage:
+                return "storage"
+            for (name, before), (_, after) in zip(fields, _tensor_fields(t), strict=True):
+                if _differs(after, before):
+                    return name
+        return None
+
+
+def check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:
+    """Safety checks on the schema of an op outside aten/prim/prims.
+
+    Note [Why backend ops need more checks than aten]
+    torch's entry validation leans on aten's tags and schemas being right.
+    Custom ops carry no tags and their fake kernels are unchecked, so:
+    a bare SymInt output is cached as a constant (stock returns early), which
+    would replay one unbacked symbol for every call; a mutating op returning
+    None would skip its kernel (and its checks) on a hit; and a view schema
+    with several tensor args trips an assertion in the entry builder. Each
+    raises _BypassDispatchCache instead, here (schema) or in
+    check_backend_output. Aliasing and metadata the entry cannot rebuild are
+    caught for every op by the entry verification
+    (Note [Verify every entry on the miss that creates it]).
+    """
+    if func._schema.is_mutable and not explicit:
+        raise _BypassDispatchCache("mutates an argument (allow it with register_op)")
+    if func.is_view and sum(isinstance(a, torch.Tensor) for a in args) != 1:
+        raise _BypassDispatchCache("view op with several tensor arguments")
+
+
+def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence[object], output: object) -> None:
+    """Scalar outputs skip torch's output checks; see Note [Why backend ops need more checks than aten]."""
+    outputs = output if isinstance(output, tuple) else (output,)
+    tracing = torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None
+    for out in outputs:
+        if isinstance(out, _SYM_TYPES):
+            if tracing:
+                raise _BypassDispatchCache("Proxy mode with SymNode output")
+            if not out.node.expr.free_symbols <= state.known_symbols:
+                raise _BypassDispatchCache("unbacked symbol in scalar output")
+    # Named reasons for the two aliasing mistakes a backend kernel makes most;
+    # the entry verification catches every other kind.
+    returns = func._schema.returns
+    input_storages = {_storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)}
+    output_storages: set[int] = set()
+    for i, out in enumerate(outputs):
+        if not isinstance(out, FakeTensor):
+            continue
+        sid = _storage_id(out)
+        if sid in output_storages:
+            raise _BypassDispatchCache("outputs alias each other")
+        output_storages.add(sid)
+        if sid in input_storages:
+            declared = i < len(returns) and returns[i].alias_info is not None
+            if not declared:
+                raise _BypassDispatchCache("output aliases an input without a schema annotation")
+
+
+def verify_entry(
+    mode: Any,
+    state: _CacheKeyState,
+    entry: Any,
+    key: Any,
+    func: OpOverload,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+    output: object,
+) -> None:
+    """Bypasses unless a hit built from ``entry`` equals ``output``.
+
+    See Note [Verify every entry on the miss that creates it].
+    """
+    try:
+        rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
+    except _BypassDispatchCache:
+        raise
+    except Exception as e:
+        raise _BypassDispatchCache(f"a hit could not rebuild the output ({type(e).__name__})") from None
+    diff = first_difference(describe(rebuilt, args, kwargs), describe(output, args, kwargs))
+    if diff is not None:
+        # "output 1 storage_offset" -> "storage_offset": reasons are counted
+        # by name, so they must not multiply with the output's position.
+        field = diff.split(" ", 2)[2] if diff.startswith("output ") else diff
+        if field.startswith(("identity", "storage sharing")):
+            raise _BypassDispatchCache(ALIAS_NOT_REPRODUCED)
+        raise _BypassDispatchCache(f"a hit would differ in {field}")
+
+
+ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
