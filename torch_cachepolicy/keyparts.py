@@ -117,8 +117,9 @@ def _values(
     if generic:
         return [*enumerate(args), *kwargs.items()]
     out: list[tuple[object, object]] = []
+    n = len(args)
     for i, name in slots:
-        if i < len(args):
+        if i < n:
             out.append((i, args[i]))
         elif name in kwargs:
             out.append((i, kwargs[name]))
@@ -178,14 +179,22 @@ def extend_key(
     Raises:
         _BypassDispatchCache: an argument is NaN.
     """
+    # This runs on every hit of a backend op: plain loops, no allocation in
+    # the common case (nonzero floats, one tensor that is not a view).
     marks: list[object] = []
     for where, value in _values(slots.floats, slots.generic, args, kwargs):
-        _float_marks(value, (where,), marks)
-    tensors: list[torch.Tensor] = []
-    for _, value in _values(slots.tensors, slots.generic, args, kwargs):
-        _tensors(value, tensors)
-    views = [i for i, t in enumerate(tensors) if t._is_view()]
-    if len(tensors) > 1 or not slots.single_tensor:
+        if type(value) is not float or value == 0.0 or value != value:
+            _float_marks(value, (where,), marks)
+    if slots.single_tensor:
+        i = slots.tensors[0][0]
+        only = args[i] if i < len(args) else kwargs.get(slots.tensors[0][1])
+        tensors = [only] if isinstance(only, torch.Tensor) else []
+        views = [0] if tensors and tensors[0]._is_view() else []
+    else:
+        tensors = []
+        for _, value in _values(slots.tensors, slots.generic, args, kwargs):
+            _tensors(value, tensors)
+        views = [i for i, t in enumerate(tensors) if t._is_view()]
         storages = _first_index([t.untyped_storage()._cdata for t in tensors])
         # The same object twice implies shared storage, so one test covers both.
         if storages != tuple(range(len(tensors))):

@@ -284,7 +284,10 @@ class FakeTensorMode(_StockMode):
         shape_env = state.shape_env if state.cache_on_shape_env() else None
         table: dict[Any, Any]
         if kind == _POLICY:
-            table = self._partition.table(sub, shape_env)
+            try:
+                table = self._partition.table(sub, shape_env)
+            except TypeError:
+                raise self._unhashable_context(func, sub[0]) from None  # type: ignore[index]
         elif route.private or self._cache_store._isolated:
             table = self._private_table(route, shape_env)
         elif shape_env is not None:
@@ -464,17 +467,12 @@ class FakeTensorMode(_StockMode):
         """
         holder, opdef, watch, uses_context = route.backend  # type: ignore[misc]
         kernel = holder.kernel
-        sub = (
+        return (
             self._context_value(route) if uses_context else None,
             None if kernel is None else kernel.func,
             None if opdef is None else opdef._abstract_fn,
             watch.fingerprint(),
         )
-        try:
-            hash(sub)
-        except TypeError:
-            raise self._unhashable_context(route.func, sub[0]) from None
-        return sub
 
     def _context_value(self, route: _Route) -> Hashable:
         try:
