@@ -30,8 +30,8 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import pickle
 import pathlib
+import pickle
 import random
 import re
 from collections.abc import Callable, Hashable, Iterator

@@ -107,6 +107,10 @@ class World:
             "is_conj": t.is_conj(),
             "is_neg": t.is_neg(),
             "is_inference": t.is_inference(),
+            "is_leaf": t.is_leaf,
+            # .grad lives in autograd meta, outside __dict__ and the metadata; _grad reads it without the
+            # warning .grad gives on non-leaves.
+            "grad": None if t._grad is None else (t._grad.dtype, tuple(syms.int_like(v) for v in t._grad.shape)),
             "attributes": _attributes(t),
         }
 

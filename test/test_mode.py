@@ -15,7 +15,8 @@ from unittest import mock
 import cachepolicy_testing as T
 import torch
 import torch._library.utils as library_utils
-from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheBypassEntry
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _DispatchCacheBypassEntry
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
@@ -185,6 +186,15 @@ class TestBackendCaching(CachePolicyTestCase):
         self.assertEqual(len(store), 2)
 
 
+def stock_bypass_reason(op: OpOverload) -> str | None:
+    """Why stock FakeTensorMode refuses to cache ``op`` whatever its arguments (None: it does not)."""
+    try:
+        StockMode()._validate_cache_key(op, (), {})
+    except _BypassDispatchCache as e:
+        return e.reason
+    return None
+
+
 class TestSafety(CachePolicyTestCase):
     """Each case also runs with the safety checks removed (the naive namespace
     opt-in) and must then go wrong, so these tests can fail."""
@@ -258,11 +268,16 @@ class TestSafety(CachePolicyTestCase):
             x = torch.empty(2, T.fresh_size())
             outs = [op(x, [3, 2], [1, 3], 0) for _ in range(3)]
         self.assertEqual({storage(o) for o in outs}, {storage(x)})
-        self.assertBypassed(mode, op, "output aliasing a cache hit would not reproduce", 3)
-        with self.naive(), tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True)):
-            x = torch.empty(2, 3)
-            outs = [op(x, [3, 2], [1, 3], 0) for _ in range(2)]
-        self.assertNotEqual(storage(outs[1]), storage(x))
+        # torch 2.14 refuses to cache prims.as_strided itself, with its own
+        # reason, before our entry check runs; 2.13 caches it, and only the
+        # entry check keeps the hit aliased (the naive control shows why).
+        stock_reason = stock_bypass_reason(op)
+        self.assertBypassed(mode, op, stock_reason or "output aliasing a cache hit would not reproduce", 3)
+        if stock_reason is None:
+            with self.naive(), tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True)):
+                x = torch.empty(2, 3)
+                outs = [op(x, [3, 2], [1, 3], 0) for _ in range(2)]
+            self.assertNotEqual(storage(outs[1]), storage(x))
 
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""

@@ -1304,5 +1304,205 @@ case(
 )
 case("control_custom_op", 8, lambda env, i: Call((t(3), 4)), "a torch.library.custom_op (control: must hit)", op=control_custom_op._opoverload, min_hits=4)
 
+# ------------------------------------------------- second adversary: what neither key nor verification sees
+# Each case below is a hole found against the design (Note [Verify every entry on the miss that creates it],
+# Note [A key that sees what a fake kernel can see], Note [Entries cover inner ops], Note [Entries belong to a
+# fake kernel]): a kernel observing or producing something outside those notes.
+
+
+@zoo_op("grad_attr_out(Tensor x) -> Tensor")
+def _grad_attr_out(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(2)
+    out.grad = x.new_empty(2)  # .grad lives in autograd meta, not in __dict__ nor in the metadata
+    return out
+
+
+@zoo_op("grad_attr_in(Tensor x) -> Tensor")
+def _grad_attr_in(x: torch.Tensor) -> torch.Tensor:
+    x.grad = x.new_empty(x.shape)  # a side effect on the input that a hit skips
+    return x.new_empty(2)
+
+
+@zoo_op("leaf_input(Tensor x) -> Tensor")
+def _leaf_input(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1 if x.is_leaf else 2)  # equal metadata, but one input has a grad_fn
+
+
+@zoo_op("base_out(Tensor(a) x) -> Tensor(a)")
+def _base_out(x: torch.Tensor) -> torch.Tensor:
+    base = x._base  # a declared alias: the input's base object itself, not a new view
+    assert base is not None, "tcp_zoo::base_out: expected a view"
+    return base
+
+
+def _leaf_or_not(env: Env, i: int) -> Call:
+    leaf = t(3, requires_grad=True)
+    return Call((leaf if i % 2 == 0 else leaf * 2,))  # both require grad, shape 3, contiguous
+
+
+case("grad_attr_out", 8, x1, "sets .grad on its fresh output")
+case("grad_attr_in", 4, x1, "sets .grad on its input (a side effect outside the input's metadata)")
+case("leaf_input", 3, _leaf_or_not, "answers by whether its input is a leaf (has no grad_fn)", steps="FFSFF")
+case("base_out", 8, lambda env, i: Call((t(2, 4)[0],)), "a declared view returning its input's _base object", steps="FSFSF")
+
+
+# Kernels that fake dispatch runs ahead of the fake impl, registered from Python where neither the fake-impl
+# holder nor the C++ kernel watch sees them: OpOverload.py_impl(CompositeImplicitAutograd) (FakeTensorMode's
+# decompose() prefers py_kernels) and torch._decomp's decomposition_table (consulted for symbolic inputs).
+lib.define("swap_py_cia(Tensor x) -> Tensor")
+lib.define("swap_decomp(Tensor x) -> Tensor")
+torch.library.register_fake(f"{NS}::swap_py_cia", _sized("swap_py_cia", 1), lib=lib)
+torch.library.register_fake(f"{NS}::swap_decomp", _sized("swap_decomp", 1), lib=lib)
+
+
+def _py_cia(n: int | None) -> Callable[[], None]:
+    def register() -> None:
+        func = op("swap_py_cia")
+        func.py_kernels.pop(torch._C.DispatchKey.CompositeImplicitAutograd, None)
+        func._dispatch_cache.clear()
+        if n is not None:
+            func.py_impl(torch._C.DispatchKey.CompositeImplicitAutograd)(_sized("swap_py_cia", n))
+
+    return register
+
+
+def _decomp(n: int | None) -> Callable[[], None]:
+    def register() -> None:
+        from torch._decomp import decomposition_table, register_decomposition
+
+        decomposition_table.pop(op("swap_decomp"), None)
+        if n is not None:
+            register_decomposition(op("swap_decomp"))(_sized("swap_decomp", n))
+
+    return register
+
+
+case(
+    "swap_py_cia",
+    5,
+    x1,
+    "its kernel is replaced after two calls with OpOverload.py_impl(DispatchKey.CompositeImplicitAutograd)",
+    steps="FSFSFS",
+    actions={2: _py_cia(2), 4: _py_cia(3)},
+    reset=_py_cia(None),
+)
+case(
+    "swap_decomp",
+    5,
+    x2,
+    "on symbolic inputs, a torch._decomp.register_decomposition for it appears after two calls",
+    steps="FSFSFS",
+    symbolic=True,
+    actions={2: _decomp(2), 4: _decomp(3)},
+    reset=_decomp(None),
+)
+
+
+# invoke_subgraph under a stock-equivalent policy reads and writes torch's own storage: an entry a stock mode
+# wrote there, around a backend kernel since replaced, has no dependencies to check.
+def _prime_with_stock_mode(name: str, n: int) -> Callable[[], None]:
+    def action() -> None:
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            invoke_subgraph(_SUBGRAPHS[name], f"tcp_zoo_{name}", t(5))
+        _register("swap_fake", n)()
+
+    return action
+
+
+hop_case(
+    "hop_stock_entry",
+    6,
+    "swap_fake",
+    _one,
+    "invoke_subgraph under CachePolicy() after a stock mode cached it around a kernel replaced since",
+    policy=tcp.CachePolicy,
+    steps="FSFSFS",
+    actions={0: _prime_with_stock_mode("hop_stock_entry", 2), 4: _register("swap_fake", 3)},
+    reset=_register("swap_fake", 1),
+)
+
+
+# A backend op whose fake rule is a FakeTensorMode py_impl: the mode's dispatch() forwards to the rule without
+# passing _cached_dispatch_impl, so an enclosing miss never records it (its denial, its context).
+ctx_lib.define("py_rule(Tensor x) -> Tensor")
+
+
+def _py_rule(mode: Any, x: torch.Tensor) -> torch.Tensor:
+    calls["py_rule"] += 1
+    with mode:
+        return x.new_empty(x.shape, dtype=AMBIENT["dtype"])
+
+
+torch.ops.tcp_zoo_ctx.py_rule.default.py_impl(torch._subclasses.fake_tensor.FakeTensorMode)(_py_rule)
+
+
+@zoo_op("calls_py_rule(Tensor x) -> Tensor")
+def _calls_py_rule(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.tcp_zoo_ctx.py_rule.default(x)
+
+
+def _deny_py_rule() -> tcp.CachePolicy:
+    policy = default_policy()
+    policy.deny(torch.ops.tcp_zoo_ctx.py_rule.default)
+    return policy
+
+
+case(
+    "nested_py_rule_denied",
+    6,
+    x1,
+    "a backend kernel dispatching a denied op that has a FakeTensorMode py_impl rule: the rule must run every call",
+    op=torch.ops.tcp_zoo_ctx.py_rule.default,
+    target=op("calls_py_rule"),
+    policy=_deny_py_rule,
+    runs_every_call=True,
+)
+case(
+    "nested_py_rule_context",
+    6,
+    x1,
+    "a backend kernel dispatching an op with a FakeTensorMode py_impl rule, of the namespace declared to read the context",
+    op=op("calls_py_rule"),
+    policy=_ctx_unregistered_policy,
+    steps="FSFSFS",
+    actions=_TOGGLE_AMBIENT,
+    reset=_set_ambient(torch.float32),
+)
+
+
+# What the ShapeEnv knows: a kernel asking without guarding (statically_known_true, guard_or_false, the
+# size-oblivious checks aten's own meta kernels use) answers differently once the ShapeEnv has learned a fact,
+# while the key (symbols, hints) stays the same.
+_ENVS: list[Env] = []
+
+
+@zoo_op("sym_known(Tensor x) -> Tensor")
+def _sym_known(x: torch.Tensor) -> torch.Tensor:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return x.new_empty(1 if statically_known_true(x.shape[0] == 5) else 2)
+
+
+def _remember_env(env: Env, i: int) -> Call:
+    _ENVS[:] = [env]
+    return x2(env, i)
+
+
+def _learn_s0() -> None:
+    torch._check(_ENVS[0].s0 == 5)  # a user's check (or a guard elsewhere) teaches the ShapeEnv s0 == 5
+
+
+case(
+    "sym_known",
+    8,
+    _remember_env,
+    "asks statically_known_true(s0 == 5), which turns true after the ShapeEnv learns it between calls on one input",
+    symbolic=True,
+    steps="FSSFS",
+    actions={2: _learn_s0},
+    reset=_ENVS.clear,
+)
+
+
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "zoo case names must be unique"

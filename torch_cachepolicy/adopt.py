@@ -25,6 +25,7 @@ from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from torch_cachepolicy._compat import is_fake_tensor
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
@@ -168,7 +169,7 @@ def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[tuple[str, torch.fx.Gra
 
 def _is_fake(leaf: object) -> bool:
     """A FakeTensor, or a tensor subclass wrapping FakeTensors."""
-    if isinstance(leaf, _ft.FakeTensor):
+    if is_fake_tensor(leaf):
         return True
     return is_traceable_wrapper_subclass(leaf) and _ft.maybe_get_fake_mode(leaf) is not None
 
@@ -359,7 +360,7 @@ def _check_twins(made: list[tuple[torch.Tensor, torch.Tensor, str]]) -> None:
                 diffs.append(f"{what} {tuple(b_seq)} (original {tuple(a_seq)})")
         if diffs:
             raise RuntimeError(f"{_API}: the re-created value of {where} differs from the original: {'; '.join(diffs)}")
-        if not isinstance(old, _ft.FakeTensor):
+        if not is_fake_tensor(old):
             continue  # a wrapper subclass: its inner tensors carry the storages
         o, n = _storage_id(old), _storage_id(new)
         if new_for_old.setdefault(o, n) != n or old_for_new.setdefault(n, o) != o:

@@ -12,7 +12,8 @@ ignore them. A backend kernel may:
 * see which tensor arguments share storage, are the same object, or are
   views, and of what base (two views of one base, ``op(x, x)``), none of
   which is in the metadata of each tensor taken alone;
-* find floats and tensors inside a ``Dict`` argument.
+* find floats and tensors inside a ``Dict`` argument;
+* read an argument's autograd state (``is_leaf``, ``.grad``).
 
 For the ops a policy routes to its store we add the sign of zero and the
 sharing pattern to the key, and refuse NaN (a bypass, so the store does not
@@ -189,12 +190,25 @@ def extend_key(
         i = slots.tensors[0][0]
         only = args[i] if i < len(args) else kwargs.get(slots.tensors[0][1])
         tensors = [only] if isinstance(only, torch.Tensor) else []
-        views = [0] if tensors and tensors[0]._is_view() else []
     else:
         tensors = []
         for _, value in _values(slots.tensors, slots.generic, args, kwargs):
             _tensors(value, tensors)
-        views = [i for i, t in enumerate(tensors) if t._is_view()]
+    views: list[int] = []
+    for i, t in enumerate(tensors):
+        if t._is_view():
+            views.append(i)
+        # Autograd state a kernel can read and torch's key omits: x.is_leaf,
+        # and x.grad (rare in export; a bypass rather than a key of its own).
+        # Reading a non-leaf's .grad warns; it has one only after retain_grad().
+        if t.is_leaf:
+            if t._grad is not None:
+                raise _BypassDispatchCache("argument with a .grad")
+        else:
+            marks.append(("non-leaf", i))
+            if t.retains_grad and t._grad is not None:
+                raise _BypassDispatchCache("argument with a .grad")
+    if not slots.single_tensor:
         storages = _first_index([t.untyped_storage()._cdata for t in tensors])
         # The same object twice implies shared storage, so one test covers both.
         if storages != tuple(range(len(tensors))):

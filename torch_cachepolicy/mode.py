@@ -7,6 +7,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch._decomp
 import torch.utils._pytree as pytree
 from torch._higher_order_ops.utils import registered_hop_fake_fns
 from torch._library import custom_ops as _custom_ops
@@ -240,6 +241,10 @@ class FakeTensorMode(_StockMode):
         # the latter in a dynamo-disabling shim, which would run twice per op.
         handler = getattr(func, "python_key_table", _NO_RULES).get(_StockMode)
         if handler is not None and not _redirects_to_mode(func, handler):
+            if self._open_frames and isinstance(func, OpOverload):
+                # Never reaches _cached_dispatch_impl, but an enclosing miss
+                # depends on it all the same (Note [Entries cover inner ops]).
+                self._record_rule(func)
             return handler(self, *args, **(kwargs or {}))
         return super().dispatch(func, types, args, kwargs)
 
@@ -285,7 +290,10 @@ class FakeTensorMode(_StockMode):
         table: dict[Any, Any]
         if kind == _POLICY:
             try:
-                table = self._partition.table(sub, shape_env)
+                # See Note [What the ShapeEnv knows].
+                table = self._partition.table(
+                    sub if shape_env is None else self._symbolic_sub(route, sub, shape_env), shape_env
+                )
             except TypeError:
                 raise self._unhashable_context(func, sub[0]) from None  # type: ignore[index]
         elif route.private or self._cache_store._isolated:
@@ -418,13 +426,13 @@ class FakeTensorMode(_StockMode):
         route: _Route
         if not isinstance(func, OpOverload):
             # A HOP. Note [Entries cover inner ops]: an invoke_subgraph entry
-            # replays the whole subgraph. torch keys it by the subgraph and
-            # the operands, which is right for stock; under any other policy
-            # its entries live in our store, where they can carry the
-            # subgraph's dependencies.
+            # replays the whole subgraph, so it must carry the subgraph's
+            # dependencies, which only our store can hold. Even under a
+            # stock-equivalent policy: an entry a stock mode wrote into
+            # torch's storage may predate a re-registered kernel inside.
             route = _Route(_HOP, func)
-            route.private = not policy.is_stock_equivalent
-            route.slots = GENERIC_SLOTS if route.private else None
+            route.private = True
+            route.slots = GENERIC_SLOTS
             self._routes[func] = route
             return route
         decision = policy.decide(func)
@@ -459,20 +467,34 @@ class FakeTensorMode(_StockMode):
         A backend may re-register the kernel fake dispatch runs (a newer
         library version, a test that swaps it): a register_fake impl, a
         custom_op's register_fake (which swaps the function behind one fixed
-        registered wrapper), or a dispatcher kernel (Meta, composite) through
-        Library.impl. Entries computed by the old kernel must not answer for
-        the new one, so all three select the sub-table, next to the policy's
-        context (Note [Sub-tables]). Holding the functions keeps them alive
-        only as long as the store.
+        registered wrapper), a dispatcher kernel (Meta, composite) through
+        Library.impl, a py_impl rule, a decomposition. Entries computed by the
+        old kernel must not answer for the new one, so all of them select the
+        sub-table, next to the policy's context (Note [Sub-tables]). Holding
+        the functions keeps them alive only as long as the store.
         """
         holder, opdef, watch, uses_context = route.backend  # type: ignore[misc]
         kernel = holder.kernel
+        func: Any = route.func
+        py_kernels = func.py_kernels
         return (
             self._context_value(route) if uses_context else None,
             None if kernel is None else kernel.func,
             None if opdef is None else opdef._abstract_fn,
             watch.fingerprint(),
+            # Python-level kernels fake dispatch prefers to the dispatcher's:
+            # py_impl rules (a FakeTensorMode rule, a CIA or Meta kernel), a
+            # Python meta, and (for symbolic inputs, see _symbolic_sub) a
+            # decomposition. py_kernels is tested first: DispatchKey hashes slowly.
+            func.python_key_table.get(_StockMode),
+            (py_kernels.get(_CIA), py_kernels.get(_META)) if py_kernels else None,
+            _meta_table.get(func),
         )
+
+    def _symbolic_sub(self, route: _Route, sub: Hashable, shape_env: Any) -> Hashable:
+        # See Note [What the ShapeEnv knows]. With symbolic inputs, fake
+        # dispatch also prefers a Python decomposition of the op.
+        return (sub, shape_env._version_counter, _decomposition_table.get(route.func))  # type: ignore[call-overload]
 
     def _context_value(self, route: _Route) -> Hashable:
         try:
@@ -483,11 +505,19 @@ class FakeTensorMode(_StockMode):
             ) from e
 
     def _private_table(self, route: _Route, shape_env: Any) -> _Table:
-        if route.kind != _HOP or not self._cache_policy.has_context:
+        # Note [What the ShapeEnv knows]
+        # A backend kernel may ask the ShapeEnv what it can prove
+        # (statically_known_true, guard_or_false); the answer changes when the
+        # ShapeEnv learns something (torch._check), while the key, which holds
+        # the expressions, does not. The ShapeEnv's version counter (what its
+        # own lru caches key on) joins the sub-table of symbolic entries that a
+        # backend kernel computed: policy ops, and HOPs, which may run them.
+        if route.kind != _HOP:
             return self._partition.table(_STOCK_SUB, shape_env)
-        context = self._context_value(route)
+        context = self._context_value(route) if self._cache_policy.has_context else None
+        version = None if shape_env is None else shape_env._version_counter
         try:
-            return self._partition.table((_HOP_SUB, context), shape_env)
+            return self._partition.table((_HOP_SUB, context, version), shape_env)
         except TypeError:
             raise self._unhashable_context(route.func, context) from None
 
@@ -551,6 +581,15 @@ class FakeTensorMode(_StockMode):
                 # value can stand for this miss.
                 frame.tainted = True
 
+    def _record_rule(self, func: OpOverload) -> None:
+        if self._cache_policy._identity is not self._synced_identity:
+            self._sync_policy()
+        route = self._routes.get(func) or self._route(func)
+        if route.taints:
+            self._taint_frames()
+        elif route.backend is not None:
+            self._record(route, self._sub(route))
+
     def _taint_frames(self) -> None:
         for frame in self._frame_stack():
             frame.tainted = True
@@ -603,6 +642,10 @@ class FakeTensorMode(_StockMode):
 
 
 _EXCLUDED_BY_RULE = frozenset({"denied by policy"})
+_CIA = torch._C.DispatchKey.CompositeImplicitAutograd
+_META = torch._C.DispatchKey.Meta
+_decomposition_table = torch._decomp.decomposition_table
+_meta_table = torch._decomp.meta_table
 _HOP_SUB = "hop"
 
 

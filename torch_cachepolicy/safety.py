@@ -27,7 +27,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
-from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache
+from torch._subclasses.fake_tensor import _BypassDispatchCache
+
+from torch_cachepolicy._compat import is_fake_tensor
 
 __all__ = [
     "InputSnapshot",
@@ -97,12 +99,22 @@ def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
         ("is_conj", t.is_conj()),
         ("is_neg", t.is_neg()),
         ("is_view", t._is_view()),
+        # A rebuilt output is a leaf with no grad; a kernel may set either on
+        # an output or an input (a hit would not).
+        ("is_leaf", t.is_leaf),
+        ("grad", _grad(t)),
         # A kernel may hand back a FakeTensor of another mode; a hit builds one of ours.
         ("fake mode", id(getattr(t, "fake_mode", None))),
         # Python attributes: a kernel may tag its output, or memoize on an
         # input (x.nonzero() sets x's nonzero memo); a hit does neither.
         ("python attributes", _python_state(t)),
     )
+
+
+def _grad(t: torch.Tensor) -> object:
+    # Reading a non-leaf's .grad warns; it has one only after retain_grad().
+    grad = t._grad if t.is_leaf or t.retains_grad else None
+    return None if grad is None else (grad.dtype, tuple(_int(v) for v in grad.shape))
 
 
 _PLAIN = (type(None), bool, int, float, str, torch.device, torch.dtype)
@@ -144,6 +156,7 @@ def describe(
             # too (storage size, offset) is a consequence, not the cause.
             sid = _storage_id(leaf)
             out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
+            out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
             out.append(
                 (f"{where} storage sharing with inputs", tuple(j for j, s in enumerate(input_storages) if s == sid))
             )
@@ -249,10 +262,10 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
     # Named reasons for the two aliasing mistakes a backend kernel makes most;
     # the entry verification catches every other kind.
     returns = func._schema.returns
-    input_storages = {_storage_id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)}
+    input_storages = {_storage_id(a) for a in pytree.tree_leaves(args) if is_fake_tensor(a)}
     output_storages: set[int] = set()
     for i, out in enumerate(outputs):
-        if not isinstance(out, FakeTensor):
+        if not is_fake_tensor(out):
             continue
         sid = _storage_id(out)
         if sid in output_storages:
