@@ -1,8 +1,11 @@
 # Owner(s): ["module: fakeTensor"]
 """OpInfo samples through the policy mode, miss then hit, against stock and an uncached dispatch.
 
-For each sample of each OpInfo in ``op_db`` (CPU; float32 and one integer
-dtype) this runs, each calling the sample twice on its own fake copies:
+One test per OpInfo in ``op_db`` (upstream's ``@ops`` +
+``instantiate_device_type_tests``, CPU only; select with ``-k``, e.g.
+``-k test_op_db_nn_functional_conv2d``). For each sample of the op (float32
+and one integer dtype) it runs, each calling the sample twice on its own fake
+copies:
 
 * stock ``FakeTensorMode`` with its cache; its bypass reasons are deltas of
   torch's class counters (read, never written or cleared);
@@ -17,11 +20,15 @@ never fail a crosscheck (which re-runs every hit uncached, aliasing
 included), and leave torch's class counters, torch's storage (isolated
 stores) and ``is_builtin`` alone. A sample whose stock dispatch raises is
 skipped for every mode, and counted; the policy modes must raise the same
-exception type on it. The default run takes the first ``SAMPLES_PER_OP``
-samples of each op and dtype; ``TCP_FULL_OPDB=1`` takes them all, and
-``TCP_OPDB_SHARD=i/n`` runs every n-th OpInfo from the i-th (to split a
-sweep over processes). The figures are printed and written as JSON to the
-pytest tmp dir.
+exception type on it. Ops with a known difference are listed in
+``EXPECTED_FAILURES`` (upstream's ``xfail``/``skip`` specs).
+
+The per-op tests add their figures to ``SWEEP``; ``TestOpInfoFigures``, which
+runs after them, prints the totals, writes them as JSON to the pytest tmp dir
+and checks the sweep's reach (it skips unless every per-op test ran). The
+default run takes the first ``SAMPLES_PER_OP`` samples of each op and dtype;
+``TCP_FULL_OPDB=1`` takes them all, and ``TCP_OPDB_SHARD=i/n`` instantiates
+every n-th OpInfo from the i-th (to split a sweep over processes).
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ import json
 import math
 import os
 import pathlib
-import re
 import tempfile
+import unittest
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,8 +54,15 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.testing._internal.common_device_type import (
+    OpDTypes,
+    instantiate_device_type_tests,
+    ops,
+    skipOps,
+)
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.opinfo.core import OpInfo
 
 import torch_cachepolicy as tcp
 
@@ -56,6 +70,7 @@ FULL = os.environ.get("TCP_FULL_OPDB") == "1"
 SAMPLES_PER_OP = None if FULL else 2
 # "i/n": only every n-th OpInfo, starting at the i-th (to split a full sweep over processes).
 SHARD = tuple(int(x) for x in os.environ.get("TCP_OPDB_SHARD", "0/1").split("/"))
+OPS = op_db[SHARD[0] :: SHARD[1]]
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 Counts = collections.Counter[str]
@@ -206,15 +221,13 @@ MODES = (
     ModeSpec("permissive", lambda: tcp.CachePolicy(namespaces=[T.NS]), isolated=True),
 )
 
-# Crosscheck failures with a known cause (see TestKnownIssues). A sample that
-# raises one is counted under its name and re-run with the crosscheck off;
-# every other check still applies to it.
-KNOWN_CROSSCHECK_FAILURES: dict[str, re.Pattern[str]] = {
-    # Empty since both causes the sweeps found were fixed in the core (see
-    # TestKnownIssues): namedtuple outputs compared as plain tuples, and
-    # outputs whose aliasing an entry cannot reproduce (prims.as_strided)
-    # are no longer cached.
-}
+# OpInfos whose test is expected to fail (xfail) or cannot run (skip), as
+# upstream's OpInfo suites list them: xfail("op"[, "variant"], dtypes=...).
+# Empty since both causes the sweeps found were fixed in the core (see
+# TestKnownIssues): namedtuple outputs compared as plain tuples, and outputs
+# whose aliasing an entry cannot reproduce (prims.as_strided) are no longer
+# cached.
+EXPECTED_FAILURES: set[Any] = set()
 
 
 @dataclass
@@ -231,9 +244,26 @@ class Tally:
     bypasses: Counts = field(default_factory=collections.Counter)
     bypass_reasons: Counts = field(default_factory=collections.Counter)
     hits_by_namespace: Counts = field(default_factory=collections.Counter)
-    known_crosscheck_failures: Counts = field(default_factory=collections.Counter)
     stock_vs_uncached: int = 0
     failures: list[str] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        """Adds the figures of ``other`` (one op's sweep) to these."""
+        self.ops |= other.ops
+        self.samples += other.samples
+        self.compared += other.compared
+        self.skipped += other.skipped
+        self.stock_vs_uncached += other.stock_vs_uncached
+        self.failures += other.failures
+        for mine, theirs in (
+            (self.skip_reasons, other.skip_reasons),
+            (self.hits, other.hits),
+            (self.misses, other.misses),
+            (self.bypasses, other.bypasses),
+            (self.bypass_reasons, other.bypass_reasons),
+            (self.hits_by_namespace, other.hits_by_namespace),
+        ):
+            mine.update(theirs)
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -250,7 +280,6 @@ class Tally:
             "bypasses": dict(self.bypasses),
             "bypass_reasons": dict(sorted(self.bypass_reasons.items())),
             "hits_by_namespace": dict(sorted(self.hits_by_namespace.items())),
-            "known_crosscheck_failures": dict(sorted(self.known_crosscheck_failures.items())),
             "stock_cached_vs_uncached_differences": self.stock_vs_uncached,
             "failures": len(self.failures),
         }
@@ -309,14 +338,7 @@ def compare_sample(
         before = stock_counters()
         is_builtin = library_utils.is_builtin
         try:
-            try:
-                ours = run_twice(policy_mode(spec, crosscheck=True), fn, sample)
-            except tcp.CrosscheckError as e:
-                known = [name for name, pattern in KNOWN_CROSSCHECK_FAILURES.items() if pattern.search(str(e))]
-                if not known:
-                    raise
-                tally.known_crosscheck_failures[f"{spec.label}/{known[0]}"] += 1
-                ours = run_twice(policy_mode(spec, crosscheck=False), fn, sample)
+            ours = run_twice(policy_mode(spec, crosscheck=True), fn, sample)
         except tcp.CrosscheckError as e:
             tally.failures.append(f"{where}: crosscheck failed: {e}")
             continue
@@ -376,23 +398,29 @@ def dtypes_for(opinfo: Any) -> list[torch.dtype]:
     return found + [d for d in INT_DTYPES if d in supported][:1]
 
 
-def sweep_op_db() -> Tally:
+def sweep_op(opinfo: OpInfo, device: str) -> Tally:
+    """Compares the first SAMPLES_PER_OP samples of ``opinfo`` per dtype (all with TCP_FULL_OPDB=1)."""
     tally = Tally()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for opinfo in op_db[SHARD[0] :: SHARD[1]]:
-            for dtype in dtypes_for(opinfo):
-                try:
-                    samples = list(
-                        itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=False), SAMPLES_PER_OP)
-                    )
-                except Exception as e:
-                    tally.skip_reasons[f"sample generation: {type(e).__name__}"] += 1
-                    continue
-                for i, sample in enumerate(samples):
-                    if compare_sample(tally, f"{opinfo.full_name}[{dtype}][{i}]", opinfo.op, sample):
-                        tally.ops.add(opinfo.full_name)
+        for dtype in dtypes_for(opinfo):
+            try:
+                samples = list(
+                    itertools.islice(opinfo.sample_inputs(device, dtype, requires_grad=False), SAMPLES_PER_OP)
+                )
+            except Exception as e:
+                tally.skip_reasons[f"sample generation: {type(e).__name__}"] += 1
+                continue
+            for i, sample in enumerate(samples):
+                if compare_sample(tally, f"{opinfo.full_name}[{dtype}][{i}]", opinfo.op, sample):
+                    tally.ops.add(opinfo.full_name)
     return tally
+
+
+# The figures of the per-op tests of this process, and the per-op tests
+# started (skipped ones included), read by TestOpInfoFigures.
+SWEEP = Tally()
+SWEEP_STARTED: set[str] = set()
 
 
 @dataclass
@@ -407,7 +435,9 @@ class Sample:
 def backend_cases() -> list[tuple[str, Callable[..., Any], Sample]]:
     """Every tcp_test op, and two quantized_decomposed ops, on a few inputs."""
     x2, x4 = torch.empty(3, 5), torch.empty(2, 3, 8, 8)
-    cases = [(f"conv/{stride}", T.op("conv"), Sample(x4, (stride,))) for stride in (1, 2)]
+    cases: list[tuple[str, Callable[..., Any], Sample]] = [
+        (f"conv/{stride}", T.op("conv"), Sample(x4, (stride,))) for stride in (1, 2)
+    ]
     for name in ("pair", "dyn", "size0", "bad_view", "good_view", "mut", "ambient_cast", "swappable", "no_fake"):
         cases += [(f"{name}/{x.dim()}d", T.op(name), Sample(x)) for x in (x2, x4)]
     cases.append(("multi_view", T.op("multi_view"), Sample(x2, (torch.empty(3),))))
@@ -436,7 +466,31 @@ def sweep_backend_ops() -> Tally:
 # --------------------------------------------------------------------- tests
 
 
+def assert_no_failures(test: unittest.TestCase, tally: Tally) -> None:
+    test.assertEqual(len(tally.failures), 0, msg="\n".join(tally.failures[:30]))
+
+
 class TestOpInfoCrosscheck(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        # Before op_db's own decorators run: those that skip an op on CPU
+        # (onlyCUDA, slowTest) raise inside the test.
+        SWEEP_STARTED.add(self._testMethodName)
+
+    @ops(OPS, dtypes=OpDTypes.none)
+    @skipOps(EXPECTED_FAILURES)
+    def test_op_db(self, device: str, op: OpInfo) -> None:
+        """Every sample of the op gives the uncached outputs, aliasing and stock's bypass reasons, miss and hit."""
+        tally = sweep_op(op, device)
+        SWEEP.add(tally)
+        assert_no_failures(self, tally)
+        self.assertEqual(tally.stock_vs_uncached, 0)
+
+
+instantiate_device_type_tests(TestOpInfoCrosscheck, globals(), only_for="cpu")
+
+
+class _FiguresTestCase(TestCase):
     @pytest.fixture(autouse=True)
     def _pytest_tmp(self, tmp_path: pathlib.Path) -> None:
         self.out_dir = tmp_path
@@ -447,28 +501,42 @@ class TestOpInfoCrosscheck(TestCase):
         path.write_text(json.dumps(figures, indent=2))
         print(f"\n{name}: {json.dumps(figures)}\n(written to {path})")
 
-    def assertNoFailures(self, tally: Tally) -> None:
-        self.assertEqual(len(tally.failures), 0, msg="\n".join(tally.failures[:30]))
 
-    def test_op_db(self) -> None:
-        """Every OpInfo sample gives the uncached outputs, aliasing and stock's bypass reasons, miss and hit."""
-        tally = sweep_op_db()
-        self.write_figures("opinfo_crosscheck", tally.figures())
-        self.assertNoFailures(tally)
-        self.assertGreater(len(tally.ops), 100 // SHARD[1])
-        self.assertGreater(tally.compared, 1000 // SHARD[1])
-        self.assertLess(tally.skipped, tally.compared)
-        self.assertEqual(tally.stock_vs_uncached, 0)
+class TestOpInfoFigures(_FiguresTestCase):
+    """The totals of the per-op tests above (collected and run after them)."""
+
+    def test_op_db_figures(self) -> None:
+        """Over the whole sweep: 0 unexplained differences, and enough ops, samples, hits and misses compared."""
+        per_op = globals()["TestOpInfoCrosscheckCPU"]  # made by instantiate_device_type_tests
+        expected = {
+            name
+            for name in dir(per_op)
+            if name.startswith("test_op_db_") and not getattr(getattr(per_op, name), "__unittest_skip__", False)
+        }
+        missing = expected - SWEEP_STARTED
+        if missing:
+            self.skipTest(
+                f"{len(missing)} of {len(expected)} per-op tests did not run in this process "
+                "(-k selection?); run the whole file for the figures"
+            )
+        self.write_figures("opinfo_crosscheck", SWEEP.figures())
+        assert_no_failures(self, SWEEP)
+        self.assertEqual(SWEEP.stock_vs_uncached, 0)
+        self.assertGreater(len(SWEEP.ops), 100 // SHARD[1])
+        self.assertGreater(SWEEP.compared, 1000 // SHARD[1])
+        self.assertLess(SWEEP.skipped, SWEEP.compared)
         for spec in MODES:
-            self.assertGreater(tally.hits[spec.label], 1000 // SHARD[1], msg=spec.label)
+            self.assertGreater(SWEEP.hits[spec.label], 1000 // SHARD[1], msg=spec.label)
         for spec in MODES[1:]:
-            self.assertGreater(tally.misses[spec.label], 1000 // SHARD[1], msg=spec.label)
+            self.assertGreater(SWEEP.misses[spec.label], 1000 // SHARD[1], msg=spec.label)
 
+
+class TestBackendOpsCrosscheck(_FiguresTestCase):
     def test_backend_ops(self) -> None:
         """tcp_test and quantized_decomposed ops give the uncached outputs and aliasing under every policy."""
         tally = sweep_backend_ops()
         self.write_figures("backend_ops_crosscheck", tally.figures())
-        self.assertNoFailures(tally)
+        assert_no_failures(self, tally)
         self.assertEqual(tally.skip_reasons, {"UnsupportedOperatorException": 2})  # no_fake only
         self.assertEqual(tally.hits_by_namespace["default/tcp_test"], 0)
         self.assertGreater(tally.hits_by_namespace["permissive/tcp_test"], 0)
@@ -483,7 +551,7 @@ class TestOpInfoCrosscheck(TestCase):
 
 
 class TestKnownIssues(TestCase):
-    """The two causes of crosscheck failures the sweeps found (KNOWN_CROSSCHECK_FAILURES)."""
+    """The two causes of crosscheck failures the sweeps found, both fixed (see EXPECTED_FAILURES)."""
 
     def test_stock_crosscheck_accepts_namedtuple_outputs(self) -> None:
         """Control: stock's own crosscheck accepts a hit of aten.aminmax."""

@@ -1,0 +1,415 @@
+# Owner(s): ["module: fakeTensor"]
+"""Tests for torch_cachepolicy._compat: the torch range and the internals check.
+
+Drift is simulated on stand-in module objects (copies of torch's classes with
+one thing changed, registered in ``sys.modules`` for the duration of a test)
+or in a subprocess that changes its own torch before importing the package;
+the torch of the test process is never modified.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from torch._subclasses import fake_tensor as ft
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+import torch_cachepolicy as tcp
+from torch_cachepolicy import _compat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "torch_cachepolicy"
+FT = "torch._subclasses.fake_tensor"
+STANDIN = "_tcp_compat_test_fake_tensor"
+
+# Private by name but meant for users of torch's dispatch machinery (their
+# documentation points subclass and custom-op authors at them), so not listed
+# in _compat._INTERNALS: the pytree utilities, TorchDispatchMode and its
+# helpers, and the types of torch.ops.* objects.
+PUBLIC_IN_PRACTICE = (
+    "torch.utils._pytree",
+    "torch.utils._python_dispatch",
+    "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket",
+    "torch._C.DispatchKey",
+)
+
+
+def plain_copy(cls: type, **changes: object) -> type:
+    """A class with ``cls``'s own attributes, ``changes`` applied (``None`` deletes)."""
+    namespace = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    for name, value in changes.items():
+        if value is None:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = value
+    return type(cls.__name__, (), namespace)
+
+
+def _init_without_crosscheck(self: Any, *, allow_fallback_kernels: bool = True, allow_non_fake_inputs: bool = False,
+                             shape_env: Any = None, static_shapes: Any = None, export: bool = False) -> None:
+    self.cache_enabled = True
+    self.fake_tensor_converter = None
+    self.shape_env = shape_env
+
+
+@dataclasses.dataclass(frozen=True)
+class _RenamedOutputInfo:
+    inplace_idx: int | None
+    metadata: object
+    view_index: int | None
+
+
+class _IdentityKey:
+    def __init__(self, tup: tuple[object, ...]) -> None:
+        self.key = tup
+
+    def strip_shape_env(self) -> None:
+        pass
+
+
+# name -> (what to change in the stand-in fake_tensor module, expected error or None)
+DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
+    "method_removed": (
+        lambda: {"FakeTensorMode": plain_copy(ft.FakeTensorMode, _cache_key=None)},
+        "FakeTensorMode._cache_key cannot be used (AttributeError(\"type object 'FakeTensorMode' has no "
+        "attribute '_cache_key'\"))",
+    ),
+    "called_gains_required_param": (
+        lambda: {
+            "FakeTensorMode": plain_copy(
+                ft.FakeTensorMode,
+                _make_cache_entry=lambda self, state, key, func, args, kwargs, output, extra: None,
+            )
+        },
+        "FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), "
+        "expected (self, state, key, func, args, kwargs, output, ...)",
+    ),
+    "called_reorders_params": (
+        lambda: {
+            "FakeTensorMode": plain_copy(
+                ft.FakeTensorMode, _output_from_cache_entry=lambda self, entry, state, key, func, args: None
+            )
+        },
+        "FakeTensorMode._output_from_cache_entry takes (self, entry, state, key, func, args), "
+        "expected (self, state, entry, key, func, args, ...)",
+    ),
+    "called_gains_optional_param": (
+        lambda: {
+            "FakeTensorMode": plain_copy(
+                ft.FakeTensorMode, _cache_key=lambda self, state, func, args, kwargs, extra=None: None
+            )
+        },
+        None,
+    ),
+    "overridden_gains_optional_param": (
+        lambda: {
+            "FakeTensorMode": plain_copy(
+                ft.FakeTensorMode, _validate_cache_key=lambda self, func, args, kwargs, strict=False: None
+            )
+        },
+        "FakeTensorMode._validate_cache_key takes (self, func, args, kwargs, strict), "
+        "expected exactly (self, func, args, kwargs) (the package overrides it)",
+    ),
+    "keyword_removed": (
+        lambda: {
+            "FakeTensorMode": plain_copy(
+                ft.FakeTensorMode,
+                __init__=lambda self, *, allow_fallback_kernels=True, shape_env=None: None,
+            )
+        },
+        "FakeTensorMode.__init__ takes (self, allow_fallback_kernels, shape_env), without the keyword "
+        "arguments (allow_non_fake_inputs, static_shapes, export)",
+    ),
+    "attribute_no_longer_set": (
+        lambda: {"FakeTensorMode": plain_copy(ft.FakeTensorMode, __init__=_init_without_crosscheck)},
+        "FakeTensorMode.__init__ no longer uses the attributes (cache_crosscheck_enabled)",
+    ),
+    "field_renamed": (
+        lambda: {"_DispatchCacheEntryOutputInfo": _RenamedOutputInfo},
+        "_DispatchCacheEntryOutputInfo has the fields (inplace_idx, metadata, view_index), "
+        "expected (inplace_idx, metadata, view_idx, ...)",
+    ),
+    "key_compares_by_identity": (
+        lambda: {"_DispatchCacheKey": _IdentityKey},
+        "_DispatchCacheKey keys of equal tuples are not equal (or hash differently), or .key is not the tuple",
+    ),
+    "exception_no_longer_an_exception": (
+        lambda: {"_BypassDispatchCache": ft._DispatchCacheBypassEntry},
+        "_BypassDispatchCache is not an Exception",
+    ),
+}
+
+
+@contextlib.contextmanager
+def drifted(changes: dict[str, object]) -> Iterator[None]:
+    """Points the checks of torch._subclasses.fake_tensor at a stand-in module with ``changes``."""
+    standin = types.ModuleType(STANDIN)
+    standin.__dict__.update({k: v for k, v in vars(ft).items() if not k.startswith("__")})
+    standin.__dict__.update(changes)
+    internals = tuple(dataclasses.replace(i, module=STANDIN) if i.module == FT else i for i in _compat._INTERNALS)
+    with mock.patch.dict(sys.modules, {STANDIN: standin}), mock.patch.object(_compat, "_INTERNALS", internals):
+        yield
+
+
+class TestCompat(TestCase):
+    def check(self, version: str) -> list[str]:
+        """Runs the check for ``version``; returns the warnings it gave."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _compat.check_torch_internals(version)
+        return [str(w.message) for w in caught if issubclass(w.category, _compat.UntestedTorchWarning)]
+
+    # ----------------------------------------------------------- the range
+
+    def test_installed_torch_passes_silently(self) -> None:
+        """The installed torch is in the range, its internals check out, and nothing warns."""
+        self.assertEqual(self.check(str(torch.__version__)), [])
+        self.assertIn(_compat._torch_minor(str(torch.__version__)), [(2, 13), (2, 14)])
+
+    def test_range_matches_setup(self) -> None:
+        """setup.py requires exactly SUPPORTED_TORCH, and the tested versions lie inside it."""
+        self.assertEqual(_compat.SUPPORTED_TORCH, ">=2.13,<2.15")
+        metadata = (ROOT / "setup.py").read_text() + (ROOT / "pyproject.toml").read_text()
+        self.assertIn(f'"torch{_compat.SUPPORTED_TORCH}"', metadata)
+        for version in _compat.TESTED_TORCH:
+            self.assertEqual(self.check(version), [], msg=version)
+
+    @parametrize(
+        "version",
+        ["2.13.0", "2.13.1+cpu", "2.14.1+cu130", "2.14.0a0+git1234567"],
+    )
+    def test_in_range_does_not_warn(self, version: str) -> None:
+        """Every 2.13.x and 2.14.x, local and pre-release builds included, imports silently."""
+        self.assertEqual(self.check(version), [])
+
+    @parametrize("version", ["2.12.1", "2.15.0", "2.15.0.dev20270101+cpu", "3.0.0", "unknown"])
+    def test_out_of_range_warns(self, version: str) -> None:
+        """A torch outside the range whose internals check out imports with one UntestedTorchWarning."""
+        (message,) = self.check(version)
+        self.assertIn(f"torch {version} is outside the tested range torch>=2.13,<2.15", message)
+
+    def test_warning_text(self) -> None:
+        """The warning names the range, the tested versions and what to do."""
+        self.assertExpectedInline(
+            self.check("2.15.0")[0],
+            """torch_cachepolicy: torch 2.15.0 is outside the tested range torch>=2.13,<2.15 (tested on 2.13.0 and 2.14.1). The private internals the package uses check out, but their behaviour is untested on this version; run the package's tests before relying on it.""",  # noqa: B950
+        )
+
+    # ----------------------------------------------------------- drift
+
+    @parametrize("drift", list(DRIFTS))
+    def test_drift(self, drift: str) -> None:
+        """A changed internal raises ImportError naming it and the range; a compatible change passes."""
+        changes, expected = DRIFTS[drift]
+        with drifted(changes()):
+            if expected is None:
+                self.assertEqual(self.check("2.14.1"), [])
+                return
+            with self.assertRaises(ImportError) as ctx:
+                self.check("2.15.0")
+        message = str(ctx.exception)
+        self.assertIn(f"changed a private internal this package builds on: {STANDIN}.{expected}. ", message)
+        self.assertTrue(message.endswith('supports torch>=2.13,<2.15 (tested on 2.13.0 and 2.14.1); install '
+                                         'one of those, e.g. pip install "torch>=2.13,<2.15"'), msg=message)
+
+    def test_drift_is_an_error_even_in_range(self) -> None:
+        """Drift is judged before the version: an in-range torch with a changed internal still fails."""
+        with drifted(DRIFTS["method_removed"][0]()), self.assertRaisesRegex(ImportError, "_cache_key"):
+            self.check("2.14.1")
+
+    def test_stand_in_without_drift_passes(self) -> None:
+        """Control for test_drift: the stand-in module with no change passes the check."""
+        with drifted({}):
+            self.assertEqual(self.check("2.14.1"), [])
+
+    def test_import_in_subprocess(self) -> None:
+        """`import torch_cachepolicy` raises on a drifted torch, and warns (once) on an out-of-range one."""
+        code = textwrap.dedent(
+            """
+            import json, warnings
+            import torch
+            import torch._subclasses.fake_tensor as ft
+
+            out = {}
+            saved = ft.FakeTensorMode._cache_key
+            ft.FakeTensorMode._cache_key = lambda self, state, func, args: None
+            try:
+                import torch_cachepolicy
+            except ImportError as e:
+                out["drifted"] = str(e)
+            ft.FakeTensorMode._cache_key = saved
+            torch.__version__ = "2.15.0"
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import torch_cachepolicy
+            out["warnings"] = [(w.category.__name__, w.filename) for w in caught]
+            out["imported"] = hasattr(torch_cachepolicy, "FakeTensorMode")
+            print("RESULT " + json.dumps(out))
+            """
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        self.assertEqual(len(lines), 1, msg=proc.stdout + proc.stderr)
+        result = json.loads(lines[0][len("RESULT ") :])
+        self.assertIn(
+            "FakeTensorMode._cache_key takes (self, state, func, args), expected (self, state, func, args, kwargs, ...)",
+            result["drifted"],
+        )
+        # Attributed to the line that imports the package (here: the -c code).
+        self.assertEqual(result["warnings"], [["UntestedTorchWarning", "<string>"]])
+        self.assertTrue(result["imported"])
+
+    # ---------------------------------------------------- coverage of the list
+
+    def test_every_private_torch_name_is_checked(self) -> None:
+        """Each private torch name the package's source refers to is listed in _compat._INTERNALS."""
+        listed = {i.name for i in _compat._INTERNALS}
+
+        def covered(ref: str) -> bool:
+            return any(
+                ref == name or name.startswith(ref + ".") or ref.startswith(name + ".")
+                for name in (*listed, *PUBLIC_IN_PRACTICE)
+            )
+
+        refs = private_torch_references()
+        self.assertGreater(len(refs), 20)  # the scan sees the package's references
+        self.assertEqual(sorted(r for r in refs if not covered(r)), [])
+
+    # -------------------------------------------------------- is_fake_tensor
+
+    def test_is_fake_tensor_is_torchs_when_present(self) -> None:
+        """torch 2.14's fake_tensor.is_fake_tensor is used as is; 2.13 gets the isinstance check."""
+        expected = getattr(ft, "is_fake_tensor", _compat._is_python_fake_tensor)
+        self.assertIs(_compat.is_fake_tensor, expected)
+        self.assertEqual(hasattr(ft, "is_fake_tensor"), _compat._torch_minor(str(torch.__version__)) == (2, 14))
+
+    def test_is_fake_tensor(self) -> None:
+        """True for fake tensors of any mode, the policy mode's included; False for everything else."""
+        stock = ft.FakeTensorMode()
+        with stock:
+            fake = torch.empty(2)
+        with tcp.FakeTensorMode():
+            ours = torch.empty(2)
+        fakes: list[object] = [fake, ours, stock.from_tensor(torch.empty(3))]
+        for value in fakes:
+            self.assertTrue(_compat.is_fake_tensor(value))
+        others: list[object] = [torch.empty(2), torch.empty(2, device="meta"), torch.nn.Parameter(torch.empty(1)), 1]
+        for value in [*others, None]:
+            self.assertFalse(_compat.is_fake_tensor(value), msg=repr(value))
+
+
+def private_torch_references() -> set[str]:
+    """Dotted names of private torch objects the package's source refers to.
+
+    Seen: ``from torch._x import y`` (and ``import torch._x``), attribute
+    chains on a name bound to a torch module (``torch._C.x``, ``_ft.y``), and,
+    in the FakeTensorMode subclass, the stock methods it calls on ``self`` or
+    overrides. Attributes of objects torch hands us (``state.known_symbols``)
+    are not visible to a scan; _INTERNALS covers them by fields and behaviour.
+    """
+    refs: set[str] = set()
+    stock = set(dir(ft.FakeTensorMode))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_compat.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        # Imports for type checking and annotations (never evaluated, the
+        # package uses `from __future__ import annotations`) do not run:
+        # torch may drop those names freely.
+        typing_only = {id(n) for root in _typing_only_roots(tree) for n in ast.walk(root)}
+        modules: dict[str, str] = {}  # local name -> torch module path
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "torch" or alias.name.startswith("torch."):
+                        modules[alias.asname or "torch"] = alias.name if alias.asname else "torch"
+                        refs.add(alias.name)
+            elif isinstance(node, ast.ImportFrom) and (node.module == "torch" or (node.module or "").startswith("torch.")):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    refs.add(full)
+                    modules[alias.asname or alias.name] = full
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and id(node) not in typing_only:
+                chain = _chain(node)
+                if chain and chain[0] in modules:
+                    refs.add(".".join([modules[chain[0]], *chain[1:]]))
+            if isinstance(node, ast.ClassDef) and node.name == "FakeTensorMode":
+                for item in ast.walk(node):
+                    if isinstance(item, ast.FunctionDef) and item.name in stock and item.name != "__init__":
+                        refs.add(f"{FT}.FakeTensorMode.{item.name}")
+                    if (
+                        isinstance(item, ast.Attribute)
+                        and isinstance(item.value, ast.Name)
+                        and item.value.id in ("self", "super")
+                        and item.attr.startswith("_")
+                        and item.attr in stock
+                        and not item.attr.startswith("__")
+                    ):
+                        refs.add(f"{FT}.FakeTensorMode.{item.attr}")
+                    if (
+                        isinstance(item, ast.Attribute)
+                        and isinstance(item.value, ast.Call)
+                        and isinstance(item.value.func, ast.Name)
+                        and item.value.func.id == "super"
+                    ):
+                        refs.add(f"{FT}.FakeTensorMode.{item.attr}")
+    return {r for r in refs if _is_private(r)}
+
+
+def _typing_only_roots(tree: ast.AST) -> Iterator[ast.AST]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            yield node
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            yield node.annotation
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            yield node.returns
+        elif isinstance(node, ast.AnnAssign):
+            yield node.annotation
+
+
+def _chain(node: ast.Attribute) -> list[str] | None:
+    parts: list[str] = []
+    current: ast.expr = node
+    while isinstance(current, ast.Attribute):
+        parts.append(current.attr)
+        current = current.value
+    if not isinstance(current, ast.Name):
+        return None
+    return [current.id, *reversed(parts)]
+
+
+def _is_private(ref: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in ref.split(".")[1:])
+
+
+instantiate_parametrized_tests(TestCompat)
+
+if __name__ == "__main__":
+    run_tests()
