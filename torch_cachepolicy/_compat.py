@@ -252,6 +252,17 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._library.custom_ops", "CustomOpDef"),
     _Internal("torch._library.custom_ops", "OPDEFS", check=_is_type(Mapping)),
     _Internal("torch._decomp", "decomposition_table", check=_is_type(dict)),
+    # Python-level kernels that fake dispatch prefers; mode._sub watches them.
+    _Internal("torch._decomp", "meta_table", check=_is_type(dict)),
+    _Internal("torch._ops", "OperatorBase.__init__", refers_to=("py_kernels", "python_key_table")),
+    _Internal("torch._library.custom_ops", "CustomOpDef.register_fake", refers_to=("_abstract_fn",)),
+    # Bumped whenever the ShapeEnv learns something (Note [What the ShapeEnv knows]).
+    _Internal(
+        "torch.fx.experimental.symbolic_shapes",
+        "ShapeEnv._update_version_counter",
+        params=("self",),
+        refers_to=("_version_counter",),
+    ),
     _Internal("torch._C", "_dispatch_has_kernel_for_dispatch_key"),
     _Internal("torch._C", "_dispatch_find_schema_or_throw"),
     _Internal("torch._C", "_dispatch_dump", check=_check_dispatch_dump),
