@@ -1,38 +1,67 @@
 # One entry point for set-up, the demo/benchmark and the tests.
-# `make bench` and `make test` each install everything they need first.
+#
+# `make bench` and `make test` install everything they need into project-local
+# virtual environments that they create, never into the active interpreter:
+#   .venv            torch 2.13.0, the package (editable, _C built in place),
+#                    the test and lint tools; ExecuTorch for its tier
+#   .venv-torch214   torch 2.14.1 and the package installed from a copy of the
+#                    tree in .venv-torch214/src (the second CI tier)
+# With torch already installed, make is not needed: see "Install" in README.md.
 
-PYTHON ?= python
-PIP ?= $(PYTHON) -m pip
+BOOTSTRAP_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+PIP := $(PYTHON) -m pip
 # torch is pinned exactly: an open range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
+# What `pip install --no-build-isolation` needs besides torch (pyproject.toml's [build-system]).
+BUILD_TOOLS := "setuptools>=64" wheel
+# Written once the package is installed; rebuilt when a build input changes.
+INSTALLED := $(VENV)/.installed
 
-.PHONY: install bench bench-full lint test test-fallback test-main test-executorch clean
+VENV214 ?= .venv-torch214
+TORCH214_PIN ?= torch==2.14.1
+SRC214 := $(VENV214)/src
+# The core and upstream-patch tests, run on torch 2.14.
+TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
+	test/test_upstream_patch.py
 
-install:
-	$(PIP) install --quiet "$(TORCH_PIN)" "typing-extensions" "expecttest" "pytest" "numpy" "ruff" "mypy"
-	# --no-build-isolation: an isolated build env would download torch again.
-	$(PIP) install --quiet --no-build-isolation -e .
+.PHONY: install bench bench-full lint test test-fallback test-main test-wheel test-executorch test-torch214 \
+	clean clean-venvs
+
+$(PYTHON):
+	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+
+$(INSTALLED): $(PYTHON) setup.py pyproject.toml torch_cachepolicy/version.py $(wildcard csrc/*)
+	$(PIP) install --quiet "$(TORCH_PIN)" $(BUILD_TOOLS)
+	# --no-build-isolation: _C is built against the torch above; an isolated
+	# build would download torch again.
+	$(PIP) install --quiet --no-build-isolation -e ".[test,lint]"
+	touch $@
+
+install: $(INSTALLED)
 
 bench: install
-	$(PYTHON) -m torch_cachepolicy.bench --quick --out bench-results
+	$(PYTHON) -m benchmarks.replay --quick --out bench-results
 
 bench-full: install
-	$(PYTHON) -m torch_cachepolicy.bench --out bench-results
+	$(PYTHON) -m benchmarks.replay --out bench-results
 
-lint:
-	ruff check torch_cachepolicy test setup.py
-	mypy
+lint: install
+	$(PYTHON) -m ruff check torch_cachepolicy benchmarks test setup.py
+	$(PYTHON) -m mypy
 
 # The pure-Python dispatcher fallback, exercised for real (not only in theory).
-test-fallback:
+test-fallback: install
 	TORCH_CACHEPOLICY_FORCE_PYTHON=1 $(PYTHON) -m pytest -q test/test_keyset.py test/test_mode.py test/test_policy.py
 
-test-main:
+# Includes test/test_packaging.py, whose wheel is built with USE_CPP=0 (seconds).
+test-main: install
 	$(PYTHON) -m pytest -q test --ignore=test/integration
 
-# Lint first so that a pytest summary is the last thing printed; the ExecuTorch
-# tier runs after the main tests.
-test: install lint test-fallback test-main test-executorch
+# The wheel as shipped, with the C++ helper (~40 s more); not part of `make test`.
+test-wheel: install
+	TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1 $(PYTHON) -m pytest -q test/test_packaging.py
 
 # ExecuTorch 1.5.1 (Arm Ethos-U55 flow) as a real client. --no-deps: its own
 # requirements would replace the pinned torch.
@@ -40,5 +69,30 @@ test-executorch: install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	$(PYTHON) -m pytest -q test/integration
 
+# torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
+# The package is installed editable from a copy of the tree, so its _C is built
+# against 2.14's headers without touching the 2.13 build in this tree. The copy
+# holds the tracked and untracked-but-not-ignored files as they are on disk
+# (uncommitted work included, deleted files left out).
+test-torch214:
+	@set -e; start=$$(date +%s); git rev-parse --git-dir > /dev/null; \
+	test -x $(VENV214)/bin/python || $(BOOTSTRAP_PYTHON) -m venv $(VENV214); \
+	echo "[test-torch214] $(VENV214): $(TORCH214_PIN)"; \
+	$(VENV214)/bin/python -m pip install --quiet "$(TORCH214_PIN)" $(BUILD_TOOLS); \
+	torch_done=$$(date +%s); \
+	echo "[test-torch214] $(SRC214): a copy of the tree, installed editable (_C built against torch 2.14)"; \
+	rm -rf $(SRC214) && mkdir -p $(SRC214); \
+	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | tar -cf - -T - | tar -xf - -C $(SRC214); \
+	cd $(SRC214) && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
+	echo "[test-torch214] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
+	cd $(SRC214) && ../bin/python -m pytest -q $(TESTS214)
+
+# Lint first so that a pytest summary is the last thing printed; the ExecuTorch
+# tier runs after the main tests, the torch 2.14 tier last.
+test: install lint test-fallback test-main test-executorch test-torch214
+
 clean:
-	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results
+	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED)
+
+clean-venvs:
+	rm -rf $(VENV) $(VENV214)

@@ -1,14 +1,27 @@
 """Builds torch_cachepolicy and its optional C++ helper ``torch_cachepolicy._C``.
 
-``USE_CPP=0 pip install --no-build-isolation -e .`` skips the C++ build; the
-package then answers dispatcher questions through its pure-Python fallback.
+The fast path, against the torch already installed (the extension is then
+built against that torch's headers)::
+
+    pip install --no-build-isolation -e ".[test]"
+
+``USE_CPP=0`` skips the C++ build; the package then answers dispatcher
+questions through its pure-Python fallback. A plain ``pip install .`` or
+``pip wheel .`` also works: pip then builds in an isolated environment with
+the torch that ``pyproject.toml``'s ``[build-system]`` names, downloaded again.
 """
 
 import os
+import runpy
 
 from setuptools import find_packages, setup
 
 USE_CPP = os.environ.get("USE_CPP", "1") not in ("0", "false", "False", "")
+
+# One source for the version; read without importing the package, which needs torch.
+VERSION = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_cachepolicy", "version.py"))[
+    "__version__"
+]
 
 ext_modules = []
 cmdclass = {}
@@ -26,13 +39,21 @@ if USE_CPP:
 
 setup(
     name="torch_cachepolicy",
-    version="0.1.0",
+    version=VERSION,
     description="Per-instance FakeTensor dispatch caching of backend operators, chosen by a policy",
+    # The library only: benchmarks/ and test/ stay in the repository.
     packages=find_packages(include=["torch_cachepolicy", "torch_cachepolicy.*"]),
     package_data={"torch_cachepolicy": ["py.typed"]},
     python_requires=">=3.10",
-    install_requires=["torch==2.13.0", "typing-extensions"],
-    extras_require={"test": ["expecttest", "pytest", "numpy"]},
+    # The torch releases the package is tested on (CI: 2.13.0, and 2.14.1 for the core tiers).
+    # typing-extensions: `override` marks each method that overrides a torch internal.
+    install_requires=["torch>=2.13,<2.15", "typing-extensions>=4.4"],
+    extras_require={
+        # What the tests import (expecttest through torch.testing._internal.common_utils).
+        "test": ["expecttest", "pytest", "numpy"],
+        # `make lint`; pinned because new releases add rules and checks.
+        "lint": ["ruff==0.17.6", "mypy==2.4.1"],
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

@@ -1,5 +1,5 @@
 # Owner(s): ["module: fakeTensor"]
-"""Tests for torch_cachepolicy.bench, the stock / global-patch / policy benchmark.
+"""Tests for benchmarks/replay, the stock / global-patch / policy benchmark.
 
 Every workload runs for a tiny K under all three configurations. Nothing here
 looks at how long anything took: timings are the benchmark's output, not
@@ -9,11 +9,13 @@ something a test can rely on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
@@ -28,24 +30,30 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy.bench import (
+from benchmarks.global_patch import backend_entries, global_patch
+from benchmarks.replay import (
     BACKEND_NAMESPACES,
     CONFIG_KEYS,
     CONFIG_NAMES,
     EXIT_CORRECTNESS,
+    EXIT_TARGETS,
+    FULL,
+    QUICK,
     RATIOS,
     TOP_LEVEL_KEYS,
     WORKLOAD_KEYS,
     WORKLOAD_NAMES,
+    Settings,
     main,
 )
-from torch_cachepolicy.bench import runner as bench_runner
-from torch_cachepolicy.bench.configs import GlobalPatch, Policy, make_configurations
-from torch_cachepolicy.bench.global_patch import backend_entries, global_patch
-from torch_cachepolicy.bench.metadata import capture, first_difference
-from torch_cachepolicy.bench.replay import fake_inputs, replay
-from torch_cachepolicy.bench.runner import run_series, run_workload
-from torch_cachepolicy.bench.workloads import build_workload
+from benchmarks.replay import runner as bench_runner
+from benchmarks.replay import suite as bench_suite
+from benchmarks.replay.configs import GlobalPatch, Policy, make_configurations
+from benchmarks.replay.exportpass import fake_inputs, replay
+from benchmarks.replay.metadata import capture, first_difference
+from benchmarks.replay.runner import run_series, run_workload
+from benchmarks.replay.targets import KINDS, STATUSES, Target, evaluate_targets, judges_timings
+from benchmarks.replay.workloads import build_workload
 
 K = 2  # replays per series: the second replay is where caches answer
 TINY_RUN = [
@@ -179,8 +187,11 @@ class TestBenchCommand(TestCase):
             self.assertEqual(per_config["policy"]["stores_alive"], 0)
             self.assertEqual(per_config["policy"]["retained_backend_entries"], 0)
         for target in data["targets"]:
-            self.assertEqual(set(target), {"name", "metric", "comparison", "threshold", "value", "status", "line"})
-            self.assertIn(target["status"], ("PASS", "FAIL", "SKIP"))
+            self.assertEqual(
+                set(target), {"name", "kind", "metric", "comparison", "threshold", "value", "status", "line"}
+            )
+            self.assertIn(target["kind"], KINDS)
+            self.assertIn(target["status"], STATUSES)
         self.assertTrue(data["correctness"]["ok"], data["correctness"]["failures"])
         self.assertIn("| workload |", markdown)
 
@@ -191,8 +202,91 @@ class TestBenchCommand(TestCase):
         self.assertEqual(rc, EXIT_CORRECTNESS)
 
 
+def _synthetic_results(settings: Settings, *, ratio: float, policy_hits: int, patch_hits: int) -> dict[str, Any]:
+    """A results document with every time ratio equal to ``ratio`` and the given hit counts."""
+
+    def counts(hits: int) -> dict[str, Any]:
+        return {"hits": hits, "misses": 1, "bypasses": 0, "bypass_reasons": {}}
+
+    workload = {
+        "ratios": {name: {"median": ratio} for name, _, _ in RATIOS},
+        "configs": {
+            "policy": {"counts_per_round": [counts(policy_hits)] * 2},
+            "global-patch": {"counts_per_round": [counts(patch_hits)] * 2},
+        },
+    }
+    return {
+        "settings": dataclasses.asdict(settings),
+        "workloads": {name: workload for name in ("qdq", "dialect", "aten-only")},
+        "memory": {},
+    }
+
+
+class TestTargetVerdicts(TestCase):
+    """Note [Which targets a run may judge]: a quick run never judges timings."""
+
+    def assertStatuses(self, results: dict[str, Any], kind: str, expected: set[str]) -> None:
+        self.assertEqual({t.status for t in evaluate_targets(results) if t.kind == kind}, expected)
+
+    def test_quick_settings_do_not_judge_timings(self) -> None:
+        """The quick run is below the rounds a timing verdict needs; the full run is not."""
+        self.assertFalse(judges_timings(dataclasses.asdict(QUICK)))
+        self.assertTrue(judges_timings(dataclasses.asdict(FULL)))
+
+    @parametrize("ratio", [0.5, 1.0, 3.0])
+    def test_quick_run_reports_timings_as_indicative(self, ratio: float) -> None:
+        """Whatever the quick run's ratios, its timing targets are INDICATIVE, never PASS or FAIL."""
+        self.assertStatuses(
+            _synthetic_results(QUICK, ratio=ratio, policy_hits=5, patch_hits=5), "timing", {"INDICATIVE"}
+        )
+
+    def test_full_run_judges_timings(self) -> None:
+        """With the full run's rounds the same ratios get verdicts, a missed one FAIL."""
+        self.assertStatuses(
+            _synthetic_results(FULL, ratio=1.0, policy_hits=5, patch_hits=5), "timing", {"PASS", "FAIL"}
+        )
+
+    @parametrize("settings", [QUICK, FULL], name_fn=lambda s: "quick" if s is QUICK else "full")
+    def test_counts_are_judged_by_every_run(self, settings: Settings) -> None:
+        """Cache outcomes are exact: equal ones PASS and different ones FAIL, in a quick run too."""
+        self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=5), "counts", {"PASS"})
+        self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=6), "counts", {"FAIL"})
+
+    def test_short_run_prints_no_fail_and_says_why(self) -> None:
+        """A one-round run with --strict judges counts and memory only, exits 0, and says its timings are indicative."""
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(_quiet_main([*TINY_RUN, "--strict", "--out", out]), 0)
+            markdown = (Path(out) / "results.md").read_text()
+            data = json.loads((Path(out) / "results.json").read_text())
+        self.assertNotRegex(markdown, r"(?m)^FAIL ")
+        self.assertIn("INDICATIVE", markdown)
+        self.assertIn("Indicative figures", markdown)
+        statuses = {t["kind"]: set() for t in data["targets"]}
+        for t in data["targets"]:
+            statuses[t["kind"]].add(t["status"])
+        # qdq is not in the tiny run: its speed-up target is SKIP (not measured).
+        self.assertEqual(statuses, {"timing": {"INDICATIVE", "SKIP"}, "counts": {"PASS"}, "memory": {"PASS"}})
+        self.assertExpectedInline(
+            markdown.rstrip().splitlines()[-1],
+            """Summary: 4 targets judged: 4 PASS, 0 FAIL; 4 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
+        )
+
+    def test_strict_fails_on_a_judged_target(self) -> None:
+        """--strict exits EXIT_TARGETS when a judged (counts) target fails."""
+
+        def failing_counts(results: dict[str, Any]) -> list[Target]:
+            return [
+                dataclasses.replace(t, status="FAIL") if t.kind == "counts" else t for t in evaluate_targets(results)
+            ]
+
+        with mock.patch.object(bench_suite, "evaluate_targets", failing_counts):
+            rc = _quiet_main([*TINY_RUN, "--strict", "--memory-modes", "0", "--hit-batches", "0"])
+        self.assertEqual(rc, EXIT_TARGETS)
+
+
 instantiate_parametrized_tests(TestBenchReplays)
 instantiate_parametrized_tests(TestGlobalPatchBaseline)
+instantiate_parametrized_tests(TestTargetVerdicts)
 
 if __name__ == "__main__":
     run_tests()

@@ -19,6 +19,7 @@ from torch_cachepolicy.mode import CrosscheckError, FakeTensorMode  # noqa: E402
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
 from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
 from torch_cachepolicy.store import CacheStore  # noqa: E402
+from torch_cachepolicy.version import __version__ as __version__  # noqa: E402
 
 __all__ = [
     "BUILTIN_NAMESPACES",
@@ -31,4 +32,3 @@ __all__ = [
     "OpReport",
     "adopt",
 ]
-__version__ = "0.1.0"

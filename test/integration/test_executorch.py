@@ -5,7 +5,9 @@ The same program is lowered three times with ``to_edge_transform_and_lower``:
 (a) stock, (b) under ExecuTorch PR 21700's process-global ``is_builtin`` swap,
 (c) after ``adopt(ep, cache_policy=...)``. The TOSA flatbuffer handed to Vela,
 the delegate payload and the graph code must be identical; (c) must serve
-backend ops from its cache without touching torch's global state.
+backend ops from its cache without touching torch's global state. (c) uses the
+library's ExecuTorch recipe, :mod:`torch_cachepolicy.recipes.executorch`, as
+an ExecuTorch user would.
 
 Needs ExecuTorch: ``make test-executorch`` installs it (``pip install
 --no-deps -r requirements-executorch.txt``) and runs this file.
@@ -31,13 +33,14 @@ from torch.export import ExportedProgram
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
+from benchmarks import executorch_flow as flow
+from benchmarks.global_patch import backend_entries, global_patch, positive_backend_entries
 from torch_cachepolicy.adopt import adopt
-from torch_cachepolicy.bench import executorch_flow as flow
-from torch_cachepolicy.bench.global_patch import backend_entries, global_patch, positive_backend_entries
+from torch_cachepolicy.recipes import executorch as recipe
 
 HAS_EXECUTORCH = flow.executorch_version() == flow.EXECUTORCH_VERSION
 SKIP_REASON = "ExecuTorch 1.5.1 is not installed: make test-executorch installs it"
-NAMESPACES = list(flow.BACKEND_NAMESPACES)
+NAMESPACES = list(recipe.EXECUTORCH_NAMESPACES)
 ORIGINAL_IS_BUILTIN = library_utils.is_builtin
 
 
@@ -111,9 +114,7 @@ program_mode = flow.program_mode
 def fake_modes_of(gm: torch.fx.GraphModule) -> set[int]:
     """ids of the modes owning the FakeTensors in ``gm``'s node metadata."""
     return {
-        id(node.meta["val"].fake_mode)
-        for node in gm.graph.nodes
-        if isinstance(node.meta.get("val"), _ft.FakeTensor)
+        id(node.meta["val"].fake_mode) for node in gm.graph.nodes if isinstance(node.meta.get("val"), _ft.FakeTensor)
     }
 
 
@@ -183,22 +184,22 @@ class TestEthosULowering(TestCase):
                 edge, tosa = lower(ep)
         cls.results["global-patch"] = {"edge": edge, "tosa": tosa, "is_builtin_samples": samples}
 
-        # (c) the policy mode, adopted by the exported program before lowering.
+        # (c) the policy mode of the library's recipe, adopted by the exported
+        # program before lowering; the recipe's context key is wrapped (by its
+        # module-level name, which executorch_policy() reads) to record its values.
         contexts: set[Hashable] = set()
+        real_context_key = recipe.tosa_context_key
 
         def context_key() -> Hashable:
-            value = flow.tosa_context_key()
+            value = real_context_key()
             contexts.add(value)
             return value
 
+        with mock.patch.object(recipe, "tosa_context_key", context_key):
+            policy = recipe.executorch_policy()
         ep = fresh_program()
         shape_env = program_mode(ep).shape_env
-        mode = adopt(
-            ep,
-            cache_policy=tcp.CachePolicy(
-                namespaces=NAMESPACES, context_key=context_key, context_namespaces=["tosa"]
-            ),
-        )
+        mode = adopt(ep, cache_policy=policy)
         is_builtin_before = library_utils.is_builtin
         keys_before, counters_before = torch_cache_keys(), class_counters()
         with is_builtin_samples() as samples, modes_created() as created:
@@ -295,7 +296,9 @@ class TestEthosULowering(TestCase):
         # for quantized_decomposed; a positive one would answer every mode.
         self.assertEqual(positive_backend_entries(NAMESPACES), 0)
         env_cache = policy["shape_env"].fake_tensor_cache
-        positive = [k for k in backend_entries(env_cache, NAMESPACES) if not isinstance(env_cache[k], _DispatchCacheBypassEntry)]
+        positive = [
+            k for k in backend_entries(env_cache, NAMESPACES) if not isinstance(env_cache[k], _DispatchCacheBypassEntry)
+        ]
         self.assertEqual(positive, [])
 
 
@@ -332,7 +335,7 @@ class TestTosaContextKey(TestCase):
         """Keyed by str(spec), the second call runs the kernel, which rejects int16."""
         from executorch.backends.arm.tosa.dialect.lib import TosaValueError
 
-        mode = tcp.FakeTensorMode(cache_policy=flow.executorch_policy())
+        mode = tcp.FakeTensorMode(cache_policy=recipe.executorch_policy())
         with self.assertRaisesRegex(TosaValueError, "Unsupported dtype torch.int16 for CONCAT"):
             self.concat_twice(mode)
 
@@ -352,6 +355,38 @@ class TestTosaContextKey(TestCase):
             self.concat_twice(_ft.FakeTensorMode())
         with global_patch(["tosa"]):
             self.concat_twice(_ft.FakeTensorMode())
+
+
+class TestExecuTorchRecipe(TestCase):
+    """torch_cachepolicy.recipes.executorch, the policy an ExecuTorch user imports."""
+
+    def test_policy_caches_pr_21700_namespaces(self) -> None:
+        """The recipe caches PR 21700's namespaces and keys only tosa ops by the context."""
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines quantized_decomposed)
+
+        policy = recipe.executorch_policy()
+        self.assertLessEqual(set(recipe.EXECUTORCH_NAMESPACES), policy.namespaces)
+        self.assertEqual(policy.namespaces - tcp.BUILTIN_NAMESPACES, set(recipe.EXECUTORCH_NAMESPACES))
+        self.assertTrue(policy.has_context)
+        quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+        self.assertTrue(policy.is_cacheable(quantize))
+        self.assertFalse(policy.uses_context(quantize))
+
+    def test_calls_share_one_partition(self) -> None:
+        """Policies from two calls have equal rules, hence one identity: a shared store serves both."""
+        self.assertEqual(recipe.executorch_policy().identity, recipe.executorch_policy().identity)
+
+    @unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
+    def test_context_key_is_the_active_spec(self) -> None:
+        """None outside a TOSA lowering context, str(spec) inside; tosa ops consult it."""
+        import executorch.backends.arm.tosa.dialect  # noqa: F401  (defines torch.ops.tosa)
+        from executorch.backends.arm.tosa.specification import TosaLoweringContext, TosaSpecification
+
+        spec = TosaSpecification.create_from_string("TOSA-1.0+INT+int16")
+        self.assertIsNone(recipe.tosa_context_key())
+        with TosaLoweringContext(spec):
+            self.assertEqual(recipe.tosa_context_key(), "TOSA-1.0+INT+int16")
+        self.assertTrue(recipe.executorch_policy().uses_context(torch.ops.tosa.CONCAT.default))
 
 
 if __name__ == "__main__":

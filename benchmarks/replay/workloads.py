@@ -14,7 +14,7 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 from torch import nn
 
-from torch_cachepolicy.bench import dialect
+from benchmarks.replay import dialect
 
 __all__ = [
     "BACKEND_NAMESPACES",

@@ -4,7 +4,7 @@ Both paths compute, for every operator registered in this process, the bitmask
 over :data:`keyset.KEYS` of keys that have a kernel registered directly: the C++
 helper in one batched call, the fallback with one dispatcher query per
 (operator, key) pair. Turning masks into frozensets is common to both and left
-out. Run it with ``python -m torch_cachepolicy.bench.keyset_classify``.
+out. Run it with ``python -m benchmarks.keyset_classify`` from the repository root.
 """
 
 from __future__ import annotations
@@ -116,20 +116,15 @@ def run(repeats: int = 5) -> dict[str, object]:
     }
     if _C is None:
         result["note"] = (
-            "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed); "
-            "only the Python fallback was timed"
+            "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed); only the Python fallback was timed"
         )
     else:
         cpp = statistics.median(samples["cpp"])
         result["cpp_median_s"] = cpp
-        result["ratio_python_over_cpp"] = (
-            statistics.median(samples["python"]) / cpp if cpp > 0 else float("inf")
-        )
+        result["ratio_python_over_cpp"] = statistics.median(samples["python"]) / cpp if cpp > 0 else float("inf")
     return result
 
 
 if __name__ == "__main__":
     for field, value in run().items():
-        print(
-            f"{field}: {value:.6g}" if isinstance(value, float) else f"{field}: {value}"
-        )
+        print(f"{field}: {value:.6g}" if isinstance(value, float) else f"{field}: {value}")

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from torch_cachepolicy.bench.configs import Configuration, Counts
-from torch_cachepolicy.bench.metadata import GraphMetadata, capture, first_difference
-from torch_cachepolicy.bench.replay import fake_inputs, replay
-from torch_cachepolicy.bench.workloads import Workload
+from benchmarks.replay.configs import Configuration, Counts
+from benchmarks.replay.exportpass import fake_inputs, replay
+from benchmarks.replay.metadata import GraphMetadata, capture, first_difference
+from benchmarks.replay.workloads import Workload
 
 __all__ = ["Progress", "Series", "WorkloadRun", "run_series", "run_workload"]
 

@@ -1,4 +1,4 @@
-"""``python -m torch_cachepolicy.bench``: command line, output files, exit status."""
+"""``python -m benchmarks.replay``: command line, output files, exit status."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from torch_cachepolicy.bench.render import render_markdown
-from torch_cachepolicy.bench.suite import FULL, QUICK, run_benchmark
-from torch_cachepolicy.bench.workloads import WORKLOAD_NAMES
+from benchmarks.replay.render import render_markdown
+from benchmarks.replay.suite import FULL, QUICK, run_benchmark
+from benchmarks.replay.workloads import WORKLOAD_NAMES
 
 __all__ = ["EXIT_CORRECTNESS", "EXIT_TARGETS", "main"]
 
@@ -32,7 +32,7 @@ class _StderrProgress:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_cachepolicy.bench",
+        prog="python -m benchmarks.replay",
         description=(
             "Times ExportPass-style FakeTensor replays under stock torch, the PR 21700 "
             "global-patch baseline and torch_cachepolicy's policy mode, interleaved; "
@@ -40,7 +40,11 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=f"exit status: 0 ok, {EXIT_CORRECTNESS} correctness failure, {EXIT_TARGETS} missed target with --strict",
     )
-    p.add_argument("--quick", action="store_true", help="a run under a minute (fewer rounds, replays and modes)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a run under a minute (fewer rounds, replays and modes); its timing figures are indicative, not judged",
+    )
     p.add_argument("--out", type=Path, help="directory to write results.md and results.json to")
     p.add_argument("--strict", action="store_true", help="exit non-zero when a target is missed")
     p.add_argument(

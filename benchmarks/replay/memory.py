@@ -33,11 +33,11 @@ from typing import Any
 from torch._subclasses.fake_tensor import FakeTensorMode, _DispatchCacheKey
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy.bench.configs import Configuration, GlobalPatch, Policy, Stock
-from torch_cachepolicy.bench.global_patch import evict_backend_entries
-from torch_cachepolicy.bench.replay import fake_inputs, replay
-from torch_cachepolicy.bench.runner import Progress
-from torch_cachepolicy.bench.workloads import build_workload
+from benchmarks.global_patch import evict_backend_entries
+from benchmarks.replay.configs import Configuration, GlobalPatch, Policy, Stock
+from benchmarks.replay.exportpass import fake_inputs, replay
+from benchmarks.replay.runner import Progress
+from benchmarks.replay.workloads import build_workload
 
 __all__ = ["measure_memory"]
 

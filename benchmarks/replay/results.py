@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 import torch_cachepolicy
-from torch_cachepolicy.bench.configs import Counts
-from torch_cachepolicy.bench.runner import Series, WorkloadRun
+from benchmarks.replay.configs import Counts
+from benchmarks.replay.runner import Series, WorkloadRun
 
 __all__ = [
     "CONFIG_KEYS",
@@ -31,7 +31,7 @@ __all__ = [
     "summarize_workload",
 ]
 
-SCHEMA = "torch_cachepolicy.bench/1"
+SCHEMA = "benchmarks.replay/1"
 
 TOP_LEVEL_KEYS: tuple[str, ...] = (
     "schema",

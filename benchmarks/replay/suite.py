@@ -10,14 +10,14 @@ from typing import Any
 
 import torch._library.utils as library_utils
 
-from torch_cachepolicy.bench.configs import make_configurations
-from torch_cachepolicy.bench.global_patch import positive_backend_entries
-from torch_cachepolicy.bench.hitcost import measure_hit_costs
-from torch_cachepolicy.bench.memory import measure_memory
-from torch_cachepolicy.bench.results import SCHEMA, environment, summarize_workload
-from torch_cachepolicy.bench.runner import Progress, run_workload
-from torch_cachepolicy.bench.targets import evaluate_targets
-from torch_cachepolicy.bench.workloads import BACKEND_NAMESPACES, WORKLOAD_NAMES, build_workload
+from benchmarks.global_patch import positive_backend_entries
+from benchmarks.replay.configs import make_configurations
+from benchmarks.replay.hitcost import measure_hit_costs
+from benchmarks.replay.memory import measure_memory
+from benchmarks.replay.results import SCHEMA, environment, summarize_workload
+from benchmarks.replay.runner import Progress, run_workload
+from benchmarks.replay.targets import evaluate_targets
+from benchmarks.replay.workloads import BACKEND_NAMESPACES, WORKLOAD_NAMES, build_workload
 
 __all__ = ["FULL", "QUICK", "Settings", "run_benchmark"]
 
@@ -47,7 +47,8 @@ class Settings:
 
 
 # Rounds are multiples of 6 so every order of the three configurations runs
-# equally often (see run_workload).
+# equally often (see run_workload). QUICK is too short to judge timings, FULL
+# is long enough (Note [Which targets a run may judge] in targets.py).
 QUICK = Settings(rounds=6, warmup_rounds=1, replays=5, memory_modes=50, hit_batches=9, hit_calls=50)
 FULL = Settings(rounds=18, warmup_rounds=2, replays=20, memory_modes=1000, hit_batches=31, hit_calls=200)
 

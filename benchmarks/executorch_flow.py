@@ -1,7 +1,7 @@
 """A real client: ExecuTorch's Ethos-U55 lowering, stock vs PR 21700's patch vs a policy mode.
 
-Run ``python -m torch_cachepolicy.bench.executorch_flow [--repeats N] [--json PATH]``
-with ExecuTorch 1.5.1 installed (``pip install --no-deps -r
+Run ``python -m benchmarks.executorch_flow [--repeats N] [--json PATH]`` from
+the repository root with ExecuTorch 1.5.1 installed (``pip install --no-deps -r
 requirements-executorch.txt``). This module imports without ExecuTorch: every
 ExecuTorch import happens inside the functions that need it.
 
@@ -12,10 +12,11 @@ partitioner=[EthosUPartitioner(spec)])`` under each configuration:
 
 * ``stock``: torch as shipped;
 * ``global-patch``: ExecuTorch PR 21700's process-global ``is_builtin`` swap
-  (:mod:`torch_cachepolicy.bench.global_patch`) around the lowering;
+  (:mod:`benchmarks.global_patch`) around the lowering;
 * ``policy``: :func:`torch_cachepolicy.adopt.adopt` moves the exported
-  program onto a policy mode (namespaces of PR 21700, context key = the active
-  TOSA spec) before the lowering;
+  program onto a policy mode before the lowering, with the library's
+  ExecuTorch recipe (:func:`torch_cachepolicy.recipes.executorch.executorch_policy`:
+  the namespaces of PR 21700, context key = the active TOSA spec);
 * ``policy-isolated``: the same with ``CacheStore(isolated=True)``: aten
   entries are not shared with torch's class-global cache either, which is
   what isolation costs.
@@ -40,7 +41,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,26 +51,22 @@ from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
+from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
 __all__ = [
-    "BACKEND_NAMESPACES",
     "CONFIGS",
     "ETHOS_U_TARGET",
+    "EXECUTORCH_VERSION",
     "Lowering",
     "TinyConvNet",
-    "executorch_policy",
     "executorch_version",
     "lower",
     "main",
+    "program_mode",
     "quantized_program_factory",
     "render_markdown",
     "run",
-    "tosa_context_key",
-    "program_mode",
 ]
-
-BACKEND_NAMESPACES: tuple[str, ...] = ("quantized_decomposed", "tosa", "dim_order_ops", "cortex_m")
-"""The namespaces ExecuTorch PR 21700 makes cacheable."""
 
 ETHOS_U_TARGET = "ethos-u55-128"
 """The compile target: an Ethos-U55 with 128 MACs per cycle."""
@@ -98,31 +95,6 @@ def executorch_version() -> str | None:
         return importlib.metadata.version("executorch")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def tosa_context_key() -> Hashable:
-    """The active TOSA specification, for :class:`CachePolicy`'s ``context_key``.
-
-    TOSA fake kernels read the spec of the enclosing ``TosaLoweringContext``
-    (``get_context_spec()``) and validate dtypes and extensions against it, so
-    a cached result is only valid under the same spec. ``str(spec)`` rather
-    than the spec itself: ``TosaSpecification.__eq__`` and ``__hash__`` compare
-    version and profiles only, so ``TOSA-1.0+INT+u55`` equals ``TOSA-1.0+INT``,
-    while the string names the extensions too. Outside a lowering context
-    (``to_edge``, ``run_decompositions``) there is no spec: ``None``.
-    """
-    from executorch.backends.arm.tosa.specification import TosaLoweringContext
-
-    spec = TosaLoweringContext.tosa_spec_var.get(None)
-    return None if spec is None else str(spec)
-
-
-def executorch_policy() -> tcp.CachePolicy:
-    """The policy for ExecuTorch's Arm flow: PR 21700's namespaces; only ``tosa``
-    fake kernels read the active TOSA spec, so only they are keyed by it."""
-    return tcp.CachePolicy(
-        namespaces=list(BACKEND_NAMESPACES), context_key=tosa_context_key, context_namespaces=["tosa"]
-    )
 
 
 class TinyConvNet(torch.nn.Module):
@@ -261,8 +233,8 @@ def lower(ep: ExportedProgram, config: str, *, policy: tcp.CachePolicy | None = 
     from executorch.backends.arm.ethosu import EthosUPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    from benchmarks.global_patch import global_patch
     from torch_cachepolicy.adopt import adopt
-    from torch_cachepolicy.bench.global_patch import global_patch
 
     if config not in CONFIGS:
         raise ValueError(f"lower(...): config must be one of {CONFIGS}, got {config!r}")
@@ -276,7 +248,7 @@ def lower(ep: ExportedProgram, config: str, *, policy: tcp.CachePolicy | None = 
         mode = adopt(ep, cache_policy=policy or executorch_policy(), cache_store=store)
         setup = time.perf_counter() - start
     elif config == "global-patch":
-        scope = global_patch(BACKEND_NAMESPACES, shape_envs=[program_mode(ep).shape_env])
+        scope = global_patch(EXECUTORCH_NAMESPACES, shape_envs=[program_mode(ep).shape_env])
     hits0, misses0 = _ft.FakeTensorMode.cache_hits, _ft.FakeTensorMode.cache_misses
     out = io.StringIO()
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
@@ -397,14 +369,14 @@ def run(repeats: int, *, progress: Callable[[str], None] | None = None) -> dict[
         for name, num, den in RATIOS
     }
     return {
-        "schema": "torch_cachepolicy.bench.executorch_flow/1",
+        "schema": "benchmarks.executorch_flow/1",
         "environment": _environment(),
         "settings": {
             "repeats": repeats,
             "warmup_rounds": 1,
             "order": list(CONFIGS),
             "target": ETHOS_U_TARGET,
-            "namespaces": list(BACKEND_NAMESPACES),
+            "namespaces": list(EXECUTORCH_NAMESPACES),
             "model": "TinyConvNet (conv3x3 3->8, conv3x3 8->8, residual add, linear 512->10), input 1x3x8x8",
         },
         "configs": configs,
@@ -431,15 +403,23 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"| {name} | {c['median_seconds']:.3f} | {c['median_cpu_seconds']:.3f} | "
             f"{c['median_setup_ms']:.1f} | {statistics.median(c['hits']):.0f} | {statistics.median(c['misses']):.0f} |"
         )
-    lines += ["", "| ratio | wall (median of rounds) | CPU (median of rounds) | wall (of medians) |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "| ratio | wall (median of rounds) | CPU (median of rounds) | wall (of medians) |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, _, _ in RATIOS:
         r = results["ratios"][name]
-        lines.append(f"| {name} | {r['wall']['median']:.3f} | {r['cpu']['median']:.3f} | {r['wall']['of_medians']:.3f} |")
+        lines.append(
+            f"| {name} | {r['wall']['median']:.3f} | {r['cpu']['median']:.3f} | {r['wall']['of_medians']:.3f} |"
+        )
     same = results["identical"]
     lines += [
         "",
-        "delegate payloads identical: " + ("yes" if same["delegate_payloads"] else "NO")
-        + "; graph code identical: " + ("yes" if same["graph_code"] else "NO"),
+        "delegate payloads identical: "
+        + ("yes" if same["delegate_payloads"] else "NO")
+        + "; graph code identical: "
+        + ("yes" if same["graph_code"] else "NO"),
     ]
     if results["policy_cache"]:
         lines += ["", "| namespace (policy) | hits | misses | bypasses |", "| --- | --- | --- | --- |"]
@@ -450,7 +430,7 @@ def render_markdown(results: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: runs :func:`run`, prints Markdown; 1 if outputs differed."""
     parser = argparse.ArgumentParser(
-        prog="python -m torch_cachepolicy.bench.executorch_flow",
+        prog="python -m benchmarks.executorch_flow",
         description="Times ExecuTorch's Ethos-U55 lowering: stock vs global patch vs policy mode.",
     )
     parser.add_argument("--repeats", type=int, default=5, help="measured rounds (default 5)")

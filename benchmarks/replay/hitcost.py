@@ -16,8 +16,8 @@ from torch._subclasses import fake_tensor as _ft
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy.bench import dialect
-from torch_cachepolicy.bench.global_patch import global_patch
+from benchmarks.global_patch import global_patch
+from benchmarks.replay import dialect
 
 __all__ = ["HitCase", "VARIANTS", "hit_cases", "measure_hit_costs"]
 

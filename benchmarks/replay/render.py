@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["render_markdown"]
+from benchmarks.replay.targets import TIMING_VERDICT_MIN_REPLAYS, TIMING_VERDICT_MIN_ROUNDS, judges_timings
+
+__all__ = ["render_markdown", "verdict_summary"]
 
 _CONFIGS = ("stock", "global-patch", "policy")
 
@@ -146,6 +148,15 @@ def _memory(memory: Mapping[str, Any]) -> list[str]:
     )
 
 
+def _timing_caveat(settings: Mapping[str, Any]) -> list[str]:
+    if judges_timings(settings):
+        return []
+    return [
+        "Indicative figures: this run is too short for timing verdicts (see Targets).",
+        "",
+    ]
+
+
 def render_markdown(results: Mapping[str, Any]) -> str:
     """The tables of the results document, then the target lines."""
     s = results["settings"]
@@ -161,6 +172,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         "",
         "## Replay time",
         "",
+        *_timing_caveat(s),
         *_timing(results),
         "",
         "The same ratios on process CPU time (`time.process_time`, not inflated by time other "
@@ -177,6 +189,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             "",
             "## Cost of one hit on a backend op (median per call)",
             "",
+            *_timing_caveat(s),
             *_hit_cost(results),
         ]
     memory = results.get("memory")
@@ -191,11 +204,39 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             f"Heap-scan calibration: a live policy mode holding {cal['live_store_entries']} entries "
             f"showed {cal['backend_keys_seen_by_scan']} backend keys outside the class cache.",
         ]
-    lines += ["", "## Targets", "", "```", *(t["line"] for t in results["targets"]), "```"]
+    lines += ["", "## Targets", ""]
+    if not judges_timings(s):
+        lines += [_indicative_note(s), ""]
+    lines += ["```", *(t["line"] for t in results["targets"]), "```"]
     correctness = results["correctness"]
     lines += ["", "## Correctness", ""]
     if correctness["ok"]:
         lines.append("All checks passed: " + "; ".join(correctness["checks"]) + ".")
     else:
         lines += ["FAILED:", "", *(f"- {f}" for f in correctness["failures"])]
+    lines += ["", verdict_summary(results)]
     return "\n".join(lines) + "\n"
+
+
+def _indicative_note(settings: Mapping[str, Any]) -> str:
+    return (
+        f"This run measured {settings['rounds']} rounds of {settings['replays']} replays: it judges cache outcomes, "
+        "correctness and memory retention, which are exact, but not timings. Its time ratios swing by tens of "
+        "percent from one short run to the next on a loaded machine, so the timing targets are shown as "
+        f"INDICATIVE, without a verdict; a run of at least {TIMING_VERDICT_MIN_ROUNDS} rounds of "
+        f"{TIMING_VERDICT_MIN_REPLAYS} replays (the full run: `python -m benchmarks.replay`, `make bench-full`) "
+        "judges them."
+    )
+
+
+def verdict_summary(results: Mapping[str, Any]) -> str:
+    """One closing line: what was judged and how it fared, and what was only indicative."""
+    statuses = [t["status"] for t in results["targets"]]
+    judged = [s for s in statuses if s in ("PASS", "FAIL")]
+    parts = [f"{len(judged)} targets judged: {judged.count('PASS')} PASS, {judged.count('FAIL')} FAIL"]
+    if "INDICATIVE" in statuses:
+        parts.append(f"{statuses.count('INDICATIVE')} timing targets indicative only (too few rounds to judge)")
+    if "SKIP" in statuses:
+        parts.append(f"{statuses.count('SKIP')} not measured")
+    parts.append("correctness " + ("ok" if results["correctness"]["ok"] else "FAILED"))
+    return "Summary: " + "; ".join(parts) + "."

@@ -10,7 +10,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
-from torch_cachepolicy.bench.workloads import Workload
+from benchmarks.replay.workloads import Workload
 
 __all__ = ["ExportPassInterpreter", "fake_inputs", "replay"]
 

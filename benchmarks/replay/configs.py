@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import DispatchCacheInfo
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy.bench.global_patch import global_patch
+from benchmarks.global_patch import global_patch
 
 __all__ = [
     "CONFIG_NAMES",

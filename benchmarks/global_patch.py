@@ -1,10 +1,10 @@
 """BASELINE ONLY: the process-global ``is_builtin`` swap of ExecuTorch PR 21700, reimplemented.
 
-This module is the only place in torch_cachepolicy allowed to write torch's
-global state, and it exists only so the benchmark can compare the policy mode
-with the approach it replaces. Nothing in the package outside
-``torch_cachepolicy.bench`` imports it (the benchmark's tests do); the policy
-mode never needs it.
+This module is the only place in the repository allowed to write torch's
+global state, and it exists only so the benchmarks can compare the policy mode
+with the approach it replaces. It lives outside the installed package: the
+``torch_cachepolicy`` wheel does not ship it and no library module imports it
+(``test/test_packaging.py`` checks both); the benchmarks and their tests do.
 
 What the prior approach does while its scope is active:
 

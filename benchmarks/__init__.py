@@ -1,0 +1,17 @@
+"""Benchmark suites of torch_cachepolicy; not part of the installed package.
+
+Run each from the repository root (the directory holding ``benchmarks/``),
+with ``torch_cachepolicy`` installed:
+
+* ``python -m benchmarks.replay [--quick]``: ExportPass-style FakeTensor
+  replays under stock torch, the PR 21700 global-patch baseline and a policy
+  mode, with hit costs and memory retention (``make bench``, ``make bench-full``);
+* ``python -m benchmarks.executorch_flow``: ExecuTorch 1.5.1's Ethos-U55
+  lowering under the same configurations (needs ``requirements-executorch.txt``);
+* ``python -m benchmarks.keyset_classify``: the C++ helper's batched
+  dispatcher-keyset classification against the Python fallback.
+
+:mod:`benchmarks.global_patch` is the baseline the first two compare against:
+the only code in the repository that writes torch's global state, which is
+why it lives here and not in the library.
+"""

@@ -1,0 +1,204 @@
+"""The performance, cache-outcome and retention targets, evaluated from the results document.
+
+Note [Which targets a run may judge]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Counts (hits, misses, bypasses), correctness and memory retention are exact:
+one round measures them as well as a hundred, so every run judges them. Time
+ratios are not. On a shared 2-core machine the quick run's ratios (6 rounds of
+5 replays) swing by tens of percent between runs, enough to land on either
+side of a 2-3% threshold, so a quick-run verdict on them would be a coin toss
+that the full run contradicts. A run therefore judges the timing targets only
+when it measured at least :data:`TIMING_VERDICT_MIN_ROUNDS` rounds of
+:data:`TIMING_VERDICT_MIN_REPLAYS` replays (the full run's settings); below
+that their figures are reported with status ``INDICATIVE``, never PASS or FAIL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "KINDS",
+    "STATUSES",
+    "TIMING_VERDICT_MIN_REPLAYS",
+    "TIMING_VERDICT_MIN_ROUNDS",
+    "Target",
+    "evaluate_targets",
+    "judges_timings",
+]
+
+TIMING_VERDICT_MIN_ROUNDS = 18
+"""Measured rounds a run needs before it judges timing targets (the full run's)."""
+TIMING_VERDICT_MIN_REPLAYS = 20
+"""Replays per series a run needs before it judges timing targets (the full run's)."""
+
+KINDS: tuple[str, ...] = ("timing", "counts", "memory")
+"""What a target measures: a time ratio, cache outcomes, or entries retained."""
+STATUSES: tuple[str, ...] = ("PASS", "FAIL", "SKIP", "INDICATIVE")
+"""``SKIP``: not measured in this run; ``INDICATIVE``: a timing figure the run
+measured with too few rounds to judge (see Note [Which targets a run may judge])."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target and how the measurement fared.
+
+    Attributes:
+        name: what is promised, in words.
+        kind: one of :data:`KINDS`.
+        metric: where the value comes from in the results document.
+        comparison: ``">="``, ``"<="`` or ``"=="``.
+        threshold: the promised bound.
+        value: the measured value, or None when it was not measured.
+        status: one of :data:`STATUSES`.
+    """
+
+    name: str
+    kind: str
+    metric: str
+    comparison: str
+    threshold: float
+    value: float | None
+    status: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "line": self.line()}
+
+    def line(self) -> str:
+        shown = "not measured" if self.value is None else f"{self.value:.4g}"
+        return f"{self.status}  {self.name}: {shown} (target {self.comparison} {self.threshold:g}; {self.metric})"
+
+
+def judges_timings(settings: Mapping[str, Any]) -> bool:
+    """Whether a run with these settings (``results["settings"]``) judges timing targets."""
+    return (
+        int(settings.get("rounds", 0)) >= TIMING_VERDICT_MIN_ROUNDS
+        and int(settings.get("replays", 0)) >= TIMING_VERDICT_MIN_REPLAYS
+    )
+
+
+def _check(
+    name: str, kind: str, metric: str, comparison: str, threshold: float, value: float | None, *, judge: bool = True
+) -> Target:
+    if value is None:
+        return Target(name, kind, metric, comparison, threshold, None, "SKIP")
+    if not judge:
+        return Target(name, kind, metric, comparison, threshold, value, "INDICATIVE")
+    ok = {
+        ">=": value >= threshold,
+        "<=": value <= threshold,
+        "==": value == threshold,
+    }[comparison]
+    return Target(name, kind, metric, comparison, threshold, value, "PASS" if ok else "FAIL")
+
+
+def _ratio(workloads: Mapping[str, Any], workload: str, ratio: str) -> float | None:
+    entry = workloads.get(workload, {}).get("ratios", {}).get(ratio)
+    return None if entry is None else float(entry["median"])
+
+
+def _outcome_difference(workload: Mapping[str, Any], a: str, b: str) -> float | None:
+    """Sum over rounds of |hits|, |misses| and |bypasses| differences between two configurations."""
+    configs = workload.get("configs", {})
+    if a not in configs or b not in configs:
+        return None
+    diff = 0
+    for ca, cb in zip(configs[a]["counts_per_round"], configs[b]["counts_per_round"], strict=True):
+        diff += sum(abs(ca[k] - cb[k]) for k in ("hits", "misses", "bypasses"))
+    return float(diff)
+
+
+def evaluate_targets(results: Mapping[str, Any]) -> list[Target]:
+    """The targets of the tracker issue, each computed from the measurements.
+
+    Timing targets are judged only when :func:`judges_timings` holds for the
+    run's settings, and are ``INDICATIVE`` otherwise.
+    """
+    workloads = results.get("workloads", {})
+    judge = judges_timings(results.get("settings", {}))
+    targets = [
+        _check(
+            "policy at least 2x faster than stock on dialect",
+            "timing",
+            "workloads.dialect.ratios['stock/policy'].median",
+            ">=",
+            2.0,
+            _ratio(workloads, "dialect", "stock/policy"),
+            judge=judge,
+        ),
+        _check(
+            "policy at least 1.5x faster than stock on qdq",
+            "timing",
+            "workloads.qdq.ratios['stock/policy'].median",
+            ">=",
+            1.5,
+            _ratio(workloads, "qdq", "stock/policy"),
+            judge=judge,
+        ),
+    ]
+    for name in workloads:
+        targets.append(
+            _check(
+                f"policy no slower than global-patch on {name}",
+                "timing",
+                f"workloads.{name}.ratios['policy/global-patch'].median",
+                "<=",
+                1.02,
+                _ratio(workloads, name, "policy/global-patch"),
+                judge=judge,
+            )
+        )
+    targets.append(
+        _check(
+            "policy within 3% of stock on aten-only (no more than 3% slower)",
+            "timing",
+            "workloads['aten-only'].ratios['policy/stock'].median",
+            "<=",
+            1.03,
+            _ratio(workloads, "aten-only", "policy/stock"),
+            judge=judge,
+        )
+    )
+    for name, workload in workloads.items():
+        # The baseline caches every backend op; equal outcomes mean the policy
+        # caches exactly what it does, without touching torch's globals.
+        targets.append(
+            _check(
+                f"policy's hits, misses and bypasses equal global-patch's on {name}",
+                "counts",
+                f"sum over rounds of |policy - global-patch| in workloads.{name}.configs[*].counts_per_round",
+                "==",
+                0,
+                _outcome_difference(workload, "policy", "global-patch"),
+            )
+        )
+    memory = results.get("memory") or {}
+    retained: float | None = None
+    stores_alive: float | None = None
+    if memory.get("workloads"):
+        policies = [per_config["policy"] for per_config in memory["workloads"].values()]
+        retained = float(sum(p["retained_backend_entries"] + p["entries_in_live_stores"] for p in policies))
+        stores_alive = float(sum(p["stores_alive"] for p in policies))
+    targets.append(
+        _check(
+            "every dropped policy mode's CacheStore collected (weak references dead)",
+            "memory",
+            "sum of memory.workloads.*.policy.stores_alive",
+            "==",
+            0,
+            stores_alive,
+        )
+    )
+    targets.append(
+        _check(
+            "zero backend entries retained by policy modes in the memory test",
+            "memory",
+            "sum of memory.workloads.*.policy retained_backend_entries + entries_in_live_stores",
+            "==",
+            0,
+            retained,
+        )
+    )
+    return targets

@@ -1,0 +1,193 @@
+# Owner(s): ["module: fakeTensor"]
+"""The wheel holds the library only, and importing the library pulls in nothing else.
+
+The wheel is built once per run with ``pip wheel --no-build-isolation
+--no-deps`` from a copy of the repository (so the working tree's ``build/``
+and in-place ``_C`` are neither reused nor overwritten). By default the build
+runs with ``USE_CPP=0``: it then takes seconds instead of the ~40 s the C++
+helper needs, and the wheel must not hold ``_C``.
+``TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1`` (``make test-wheel``, part of ``make
+test``) builds the helper and requires ``_C`` in the wheel.
+"""
+
+from __future__ import annotations
+
+import ast
+import email.message
+import email.parser
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+from typing import ClassVar
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_cachepolicy
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 has no TOML reader in the standard library.
+    tomllib = None
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "torch_cachepolicy"
+WITH_CPP = os.environ.get("TORCH_CACHEPOLICY_TEST_WHEEL_CPP") == "1"
+# What a checkout holds besides sources: never part of what the build sees.
+NOT_COPIED = shutil.ignore_patterns(
+    ".git", "build", "dist", ".venv*", "*.so", "__pycache__", "*.egg-info", "bench-results", ".*_cache"
+)
+
+
+def build_wheel(out: pathlib.Path, *, with_cpp: bool) -> pathlib.Path:
+    """Builds the wheel from a copy of the repository; returns its path."""
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_COPIED)
+    env = {**os.environ, "USE_CPP": "1" if with_cpp else "0"}
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out / "dist"), "."]
+    proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+    (wheel,) = (out / "dist").glob("torch_cachepolicy-*.whl")
+    return wheel
+
+
+def library_files() -> set[str]:
+    """The files the wheel must ship: every module of the package, and py.typed."""
+    found = {f"torch_cachepolicy/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*.py")}
+    return {f for f in found if "__pycache__" not in f} | {"torch_cachepolicy/py.typed"}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, at any depth of its code."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+class TestWheel(TestCase):
+    """The wheel ``pip wheel .`` builds."""
+
+    tmp: ClassVar[tempfile.TemporaryDirectory[str]]
+    names: ClassVar[set[str]]
+    metadata: ClassVar[email.message.Message]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.tmp = tempfile.TemporaryDirectory()
+        wheel = build_wheel(pathlib.Path(cls.tmp.name), with_cpp=WITH_CPP)
+        with zipfile.ZipFile(wheel) as zf:
+            cls.names = set(zf.namelist())
+            (meta,) = (n for n in cls.names if n.endswith(".dist-info/METADATA"))
+            cls.metadata = email.parser.Parser().parsestr(zf.read(meta).decode())
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.tmp.cleanup()
+        super().tearDownClass()
+
+    def assertShips(self, name: str) -> None:
+        self.assertIn(name, self.names, f"the wheel lacks {name}")
+
+    def test_holds_the_library_only(self) -> None:
+        """Outside its metadata the wheel holds exactly the package's modules, py.typed and (when built) _C."""
+        shipped = {n for n in self.names if ".dist-info/" not in n}
+        extension = {n for n in shipped if n.startswith("torch_cachepolicy/_C") and n.endswith(".so")}
+        self.assertEqual(shipped - extension, library_files())
+        self.assertEqual(len(extension), 1 if WITH_CPP else 0, sorted(extension))
+
+    def test_no_benchmarks_or_tests(self) -> None:
+        """benchmarks/ (with the global-patch baseline) and test/ stay in the repository."""
+        self.assertEqual(sorted(n for n in self.names if n.startswith(("benchmarks/", "test/"))), [])
+        self.assertEqual(sorted(n for n in self.names if "global_patch" in n or "/bench" in n), [])
+
+    def test_ships_typing_marker_and_recipe(self) -> None:
+        """py.typed and the ExecuTorch recipe are in the wheel."""
+        self.assertShips("torch_cachepolicy/py.typed")
+        self.assertShips("torch_cachepolicy/recipes/executorch.py")
+        self.assertShips("torch_cachepolicy/version.py")
+
+    def test_metadata(self) -> None:
+        """Version from version.py; torch (in the tested range) and typing-extensions the runtime requirements."""
+        self.assertEqual(self.metadata["Name"], "torch_cachepolicy")
+        self.assertEqual(self.metadata["Version"], torch_cachepolicy.__version__)
+        requires = sorted(self.metadata.get_all("Requires-Dist") or [])
+        self.assertExpectedInline(
+            "\n".join(requires),
+            """\
+expecttest; extra == "test"
+mypy==2.4.1; extra == "lint"
+numpy; extra == "test"
+pytest; extra == "test"
+ruff==0.17.6; extra == "lint"
+torch<2.15,>=2.13
+typing-extensions>=4.4""",
+        )
+
+    @unittest.skipIf(tomllib is None, "tomllib is new in Python 3.11")
+    def test_build_requires_the_runtime_torch_range(self) -> None:
+        """pyproject.toml's [build-system] builds against the torch range the wheel requires."""
+        build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+        self.assertEqual(build["build-backend"], "setuptools.build_meta")
+        (torch_req,) = (r for r in build["requires"] if r.startswith("torch"))
+        (runtime,) = (r for r in self.metadata.get_all("Requires-Dist") or [] if r.startswith("torch"))
+        self.assertEqual(set(torch_req.removeprefix("torch").split(",")), set(runtime.removeprefix("torch").split(",")))
+
+
+class TestImports(TestCase):
+    """What importing the library brings along (one fresh interpreter for the class)."""
+
+    after_library: ClassVar[set[str]]
+    after_recipe: ClassVar[set[str]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        code = (
+            "import json, sys\n"
+            "import torch_cachepolicy\n"
+            "first = sorted(sys.modules)\n"
+            "import torch_cachepolicy.recipes.executorch\n"
+            "print(json.dumps([first, sorted(sys.modules)]))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+        first, second = json.loads(out.stdout)
+        cls.after_library, cls.after_recipe = set(first), set(second)
+
+    def test_library_imports_no_benchmark_or_client(self) -> None:
+        """import torch_cachepolicy loads neither benchmarks, nor the recipes, nor ExecuTorch."""
+        self.assertIn("torch_cachepolicy", self.after_library)
+        unwanted = ("benchmarks", "executorch", "torch_cachepolicy.recipes")
+        self.assertEqual({m for m in self.after_library if m.startswith(unwanted)}, set())
+
+    def test_recipe_imports_executorch_lazily(self) -> None:
+        """Importing the ExecuTorch recipe does not import ExecuTorch."""
+        self.assertIn("torch_cachepolicy.recipes.executorch", self.after_recipe)
+        self.assertEqual({m for m in self.after_recipe if m.partition(".")[0] == "executorch"}, set())
+
+    def test_no_library_module_imports_benchmarks(self) -> None:
+        """No module of the library imports benchmarks/, lazily or not (the wheel does not ship it)."""
+        offenders = [
+            str(p.relative_to(ROOT)) for p in sorted(PACKAGE.rglob("*.py")) if "benchmarks" in imported_modules(p)
+        ]
+        self.assertEqual(offenders, [])
+
+    def test_version_is_reexported(self) -> None:
+        """torch_cachepolicy.__version__ is version.py's."""
+        from torch_cachepolicy import version
+
+        self.assertIs(torch_cachepolicy.__version__, version.__version__)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,86 @@
+"""The cache policy for ExecuTorch's Arm lowering (TOSA, Ethos-U, Cortex-M).
+
+Example::
+
+    from executorch.exir import to_edge_transform_and_lower
+
+    from torch_cachepolicy.adopt import adopt
+    from torch_cachepolicy.recipes.executorch import executorch_policy
+
+    policy = executorch_policy()  # once per process, for every lowering
+    mode = adopt(ep, cache_policy=policy)  # once per exported program, before lowering
+    edge = to_edge_transform_and_lower(ep, partitioner=[...])
+    print(mode.cache_report().by_namespace())
+
+Importing this module does not import ExecuTorch: :func:`tosa_context_key`
+imports it the first time a policy consults the key, which happens only when
+a ``tosa`` op is dispatched (and ``tosa`` ops exist only once ExecuTorch's Arm
+backend is imported). Written against ExecuTorch 1.5.1; see
+``docs/executorch.md``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from typing import Any
+
+from torch_cachepolicy.policy import CachePolicy
+
+__all__ = ["EXECUTORCH_NAMESPACES", "TOSA_CONTEXT_NAMESPACES", "executorch_policy", "tosa_context_key"]
+
+EXECUTORCH_NAMESPACES: tuple[str, ...] = ("quantized_decomposed", "tosa", "dim_order_ops", "cortex_m")
+"""The backend namespaces ExecuTorch PR 21700 makes cacheable."""
+
+TOSA_CONTEXT_NAMESPACES: tuple[str, ...] = ("tosa",)
+"""The namespaces whose fake kernels read the active TOSA specification."""
+
+
+@functools.cache
+def _tosa_spec_var() -> contextvars.ContextVar[Any]:
+    # Resolved once: the key is consulted on every tosa dispatch, and a cached
+    # ContextVar read is cheaper than re-running the import statement.
+    try:
+        from executorch.backends.arm.tosa.specification import TosaLoweringContext
+    except ImportError as e:
+        raise ImportError(
+            "torch_cachepolicy.recipes.executorch.tosa_context_key(): ExecuTorch's Arm backend "
+            f"(executorch.backends.arm) cannot be imported ({e}); install ExecuTorch "
+            "(pip install --no-deps -r requirements-executorch.txt) or give CachePolicy your own context_key"
+        ) from e
+    return TosaLoweringContext.tosa_spec_var  # type: ignore[no-any-return]
+
+
+def tosa_context_key() -> str | None:
+    """The active TOSA specification, for :class:`CachePolicy`'s ``context_key``.
+
+    TOSA fake kernels read the spec of the enclosing ``TosaLoweringContext``
+    (``get_context_spec()``) and validate dtypes and extensions against it, so
+    a cached result is only valid under the same spec. ``str(spec)`` rather
+    than the spec itself: ``TosaSpecification.__eq__`` and ``__hash__`` compare
+    version and profiles only, so ``TOSA-1.0+INT+u55`` equals ``TOSA-1.0+INT``,
+    while the string names the extensions too. Outside a lowering context
+    (``to_edge``, ``run_decompositions``) there is no spec: ``None``.
+
+    Raises:
+        ImportError: ExecuTorch's Arm backend is not installed.
+    """
+    spec = _tosa_spec_var().get(None)
+    return None if spec is None else str(spec)
+
+
+def executorch_policy() -> CachePolicy:
+    """The policy for ExecuTorch's Arm flow: PR 21700's namespaces
+    (:data:`EXECUTORCH_NAMESPACES`), keyed by :func:`tosa_context_key` for the
+    ``tosa`` ops only, since only their fake kernels read the spec.
+
+    Policies from separate calls have the same rules, hence equal
+    identities: modes that share a ``CacheStore`` share their entries. Still,
+    create one per process and pass it to every ``adopt``: its decisions are
+    memoized per policy object.
+    """
+    return CachePolicy(
+        namespaces=list(EXECUTORCH_NAMESPACES),
+        context_key=tosa_context_key,
+        context_namespaces=list(TOSA_CONTEXT_NAMESPACES),
+    )
