@@ -173,6 +173,38 @@ def extend_key(
 ) -> _DispatchCacheKey:
     """``key``, extended by what torch's key cannot see (see the module note).
 
+    Raises:
+        _BypassDispatchCache: an argument is NaN or has a ``.grad``.
+    """
+    # This runs on every hit of a backend op. The common case (nonzero
+    # floats, at most one tensor, not a view, a leaf without grad) is decided
+    # here with no allocation; anything else takes the full pass.
+    if slots.generic or not slots.single_tensor:
+        return _extend_key(key, slots, state, args, kwargs)
+    n = len(args)
+    for i, name in slots.floats:
+        value = args[i] if i < n else kwargs.get(name)
+        if type(value) is float and value != 0.0 and value == value:
+            continue
+        if value is None or isinstance(value, (bool, int, str, torch.dtype)):
+            continue  # cannot hold a float: None, and Scalars that are not floats
+        return _extend_key(key, slots, state, args, kwargs)
+    i, name = slots.tensors[0]
+    t = args[i] if i < n else kwargs.get(name)
+    if isinstance(t, torch.Tensor) and (t._is_view() or not t.is_leaf or t._grad is not None):
+        return _extend_key(key, slots, state, args, kwargs)
+    return key
+
+
+def _extend_key(
+    key: _DispatchCacheKey,
+    slots: ArgSlots,
+    state: _CacheKeyState,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> _DispatchCacheKey:
+    """The full pass of :func:`extend_key`.
+
     A view's base is described through ``state`` like any argument of torch's
     key, so its symbols take part in deciding where the entry lives, and an
     output symbol found there is rebuilt from it.
@@ -180,8 +212,6 @@ def extend_key(
     Raises:
         _BypassDispatchCache: an argument is NaN.
     """
-    # This runs on every hit of a backend op: plain loops, no allocation in
-    # the common case (nonzero floats, one tensor that is not a view).
     marks: list[object] = []
     for where, value in _values(slots.floats, slots.generic, args, kwargs):
         if type(value) is not float or value == 0.0 or value != value:

@@ -77,8 +77,9 @@ class _Route:
             it (Note [Entries cover inner ops]).
         slots: the arguments the key extension looks at (``_POLICY``, ``_HOP``).
         backend: for ops outside aten/prim/prims, what their entries depend
-            on beyond the key: ``(FakeImplHolder, CustomOpDef or None,
-            KernelWatch, uses the policy's context)``
+            on beyond the key, read by ``_sub``: ``(FakeImplHolder, CustomOpDef
+            or None, KernelWatch.fingerprint, uses the policy's context,
+            func.python_key_table, func.py_kernels)``
             (Note [Entries belong to a fake kernel]).
     """
 
@@ -92,7 +93,7 @@ class _Route:
         self.private = False
         self.taints = False
         self.slots: ArgSlots | None = None
-        self.backend: tuple[Any, Any, keyset.KernelWatch, bool] | None = None
+        self.backend: tuple[Any, ...] | None = None
 
 
 class _Frame:
@@ -453,8 +454,10 @@ class FakeTensorMode(_StockMode):
             route.backend = (
                 _fake_registry.find(func.name()).fake_impl,
                 _custom_ops.OPDEFS.get(func._schema.name),
-                keyset.kernel_watch(func),
+                keyset.kernel_watch(func).fingerprint,
                 policy.uses_context(func),
+                func.python_key_table,
+                func.py_kernels,
             )
         if func in policy._decisions:
             self._routes[func] = route
@@ -473,22 +476,20 @@ class FakeTensorMode(_StockMode):
         sub-table, next to the policy's context (Note [Sub-tables]). Holding
         the functions keeps them alive only as long as the store.
         """
-        holder, opdef, watch, uses_context = route.backend  # type: ignore[misc]
+        holder, opdef, fingerprint, uses_context, python_key_table, py_kernels = route.backend  # type: ignore[misc]
         kernel = holder.kernel
-        func: Any = route.func
-        py_kernels = func.py_kernels
         return (
             self._context_value(route) if uses_context else None,
             None if kernel is None else kernel.func,
             None if opdef is None else opdef._abstract_fn,
-            watch.fingerprint(),
+            fingerprint(),
             # Python-level kernels fake dispatch prefers to the dispatcher's:
             # py_impl rules (a FakeTensorMode rule, a CIA or Meta kernel), a
             # Python meta, and (for symbolic inputs, see _symbolic_sub) a
             # decomposition. py_kernels is tested first: DispatchKey hashes slowly.
-            func.python_key_table.get(_StockMode),
+            python_key_table.get(_StockMode),
             (py_kernels.get(_CIA), py_kernels.get(_META)) if py_kernels else None,
-            _meta_table.get(func),
+            _meta_table.get(route.func),  # type: ignore[call-overload]
         )
 
     def _symbolic_sub(self, route: _Route, sub: Hashable, shape_env: Any) -> Hashable:
