@@ -177,6 +177,9 @@ class FakeTensorMode(_StockMode):
         # threads (a cheap test on the hit path); Note [Entries cover inner ops].
         self._frames = threading.local()
         self._open_frames = 0
+        # `+=` on an attribute is not atomic across threads; a lost update
+        # could hide an open frame from the hit path's test.
+        self._frames_lock = threading.Lock()
 
     # ------------------------------------------------------------ public API
 
@@ -551,11 +554,13 @@ class FakeTensorMode(_StockMode):
             frames = self._frames.stack = []
         frame = _Frame()
         frames.append(frame)
-        self._open_frames += 1
+        with self._frames_lock:
+            self._open_frames += 1
         return frame
 
     def _pop_frame(self, frame: _Frame) -> None:
-        self._open_frames -= 1
+        with self._frames_lock:
+            self._open_frames -= 1
         self._frames.stack.remove(frame)
 
     def _frame_stack(self) -> list[_Frame]:
