@@ -238,11 +238,11 @@ def _extend_key(
             marks.append(("non-leaf", i))
             if t.retains_grad and t._grad is not None:
                 raise _BypassDispatchCache("argument with a .grad")
-    if not slots.single_tensor:
-        storages = _first_index([t.untyped_storage()._cdata for t in tensors])
+    if len(tensors) > 1:
+        storage_ids = [t.untyped_storage()._cdata for t in tensors]
         # The same object twice implies shared storage, so one test covers both.
-        if storages != tuple(range(len(tensors))):
-            marks.append(("shared", storages, _first_index([id(t) for t in tensors])))
+        if len(set(storage_ids)) != len(storage_ids):
+            marks.append(("shared", _first_index(storage_ids), _first_index([id(t) for t in tensors])))
     if not marks and not views:
         return key
     values: list[object] = [*key.key, _EXTRA, *marks]
