@@ -208,22 +208,23 @@ class KeyBuilder {
         return "error";
       }
       // keys(), then values(): dict_keys is not a container to
-      // _prep_args_for_hash, so no (type, length) before them.
+      // _prep_args_for_hash, so no (type, length) before them. Taken first,
+      // with references: see items().
+      std::vector<py::object> keys;
+      std::vector<py::object> values;
+      keys.reserve(static_cast<size_t>(PyDict_GET_SIZE(c)));
+      values.reserve(static_cast<size_t>(PyDict_GET_SIZE(c)));
       Py_ssize_t pos = 0;
       PyObject* k = nullptr;
       PyObject* v = nullptr;
       while (PyDict_Next(c, &pos, &k, &v)) {
-        if (Reason r = arg(mode, k, out)) {
-          return r;
-        }
+        keys.push_back(py::reinterpret_borrow<py::object>(k));
+        values.push_back(py::reinterpret_borrow<py::object>(v));
       }
-      pos = 0;
-      while (PyDict_Next(c, &pos, &k, &v)) {
-        if (Reason r = arg(mode, v, out)) {
-          return r;
-        }
+      if (Reason r = items(mode, keys, out)) {
+        return r;
       }
-      return nullptr;
+      return items(mode, values, out);
     }
     const bool is_list = PyList_Check(c);
     if (is_list ? tp->tp_iter != PyList_Type.tp_iter
@@ -235,12 +236,32 @@ class KeyBuilder {
     if (!push_length(n, out)) {
       return "error";
     }
+    if (!is_list) {
+      // A tuple cannot change, and holds its items.
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (Reason r = arg(mode, PyTuple_GET_ITEM(c, i), out)) {
+          return r;
+        }
+      }
+      return nullptr;
+    }
+    std::vector<py::object> elements;
+    elements.reserve(static_cast<size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
-      // A list argument cannot change size here: nothing below runs
-      // Python code that could reach it.
-      PyObject* item =
-          is_list ? PyList_GET_ITEM(c, i) : PyTuple_GET_ITEM(c, i);
-      if (Reason r = arg(mode, item, out)) {
+      elements.push_back(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(c, i)));
+    }
+    return items(mode, elements, out);
+  }
+
+  // The elements of a container, taken (with references) before any of them
+  // is looked at: a type's __hash__ or __instancecheck__ is Python code that
+  // could change a list or dict argument under a borrowed iteration.
+  Reason items(
+      PyObject* mode,
+      const std::vector<py::object>& elements,
+      Values& out) {
+    for (const py::object& item : elements) {
+      if (Reason r = arg(mode, item.ptr(), out)) {
         return r;
       }
     }
