@@ -395,10 +395,17 @@ class KernelWatch {
 };
 
 } // namespace
+
+// csrc/keybuilder.cpp: torch_cachepolicy._C.KeyBuilder.
+void init_keybuilder(pybind11::module& m);
+
 } // namespace torch_cachepolicy
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Batched dispatcher queries for torch_cachepolicy.keyset.";
+  m.doc() =
+      "Batched dispatcher queries for torch_cachepolicy.keyset, and the cache\n"
+      "key builder of torch_cachepolicy.keybuilder.";
+  torch_cachepolicy::init_keybuilder(m);
   m.def(
       "kernel_masks",
       &torch_cachepolicy::kernel_masks,

@@ -267,6 +267,34 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._C", "_dispatch_find_schema_or_throw"),
     _Internal("torch._C", "_dispatch_dump", check=_check_dispatch_dump),
     _Internal("torch._C", "DispatchKey"),
+    # The key builder (keybuilder.py, csrc/keybuilder.cpp) reproduces the key
+    # _cache_key builds from these: its prefix, and each tensor's metadata
+    # fields in this order (Note [What the key builder reproduces]).
+    _Internal("torch._C", "_get_default_device"),
+    _Internal(
+        _FT,
+        "TensorMetadata",
+        fields=(
+            "dtype",
+            "shape",
+            "stride",
+            "device",
+            "layout",
+            "memory_format",
+            "storage_offset",
+            "storage_bytes",
+            "requires_grad",
+            "is_quantized",
+            "is_conj",
+            "is_neg",
+            "is_inference",
+            "is_sparse",
+            "is_coalesced",
+            "dense_dim",
+            "sparse_dim",
+        ),
+    ),
+    _Internal(_FT, "extract_tensor_metadata", params=("t",)),
     # Higher-order operators.
     _Internal("torch._higher_order_ops.utils", "registered_hop_fake_fns", check=_is_type(Mapping)),
     _Internal("torch._higher_order_ops.utils", "redirect_to_mode", params=("hop", "mode"), check=_check_redirect_to_mode),

@@ -5,7 +5,8 @@ operator (:func:`kernel_keys`), and which kernels fake dispatch would run for it
 right now (:func:`kernel_watch`), so that cache entries can belong to the
 kernel that computed them.
 
-This is the only module that talks to ``torch_cachepolicy._C``. When the
+This module loads ``torch_cachepolicy._C`` (``keybuilder`` takes its
+``KeyBuilder`` from ``_ext`` here, so both follow the same switches). When the
 extension is missing (built with ``USE_CPP=0``, no compiler, an import error)
 or ``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` is set, the answers come from torch's
 Python bindings instead and a warning says why once: :func:`kernel_keys` gives

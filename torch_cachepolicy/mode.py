@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typing_extensions import override
 
 from torch_cachepolicy import keyset
+from torch_cachepolicy.keybuilder import KeyStats, cache_key
 from torch_cachepolicy.keyparts import GENERIC_SLOTS, ArgSlots, extend_key
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
 from torch_cachepolicy.report import CacheReport, OpStats
@@ -170,6 +171,7 @@ class FakeTensorMode(_StockMode):
                 raise TypeError("FakeTensorMode(cache_crosscheck=...): expected a bool or None")
             self.cache_crosscheck_enabled = cache_crosscheck
         self._stats: dict[object, OpStats] = {}
+        self._key_stats = KeyStats()
         self._synced_identity: object = None
         self._partition = _Partition()  # replaced by the policy's partition on first dispatch
         self._routes: dict[object, _Route] = {}
@@ -220,12 +222,26 @@ class FakeTensorMode(_StockMode):
         """Per-operator hits, misses and bypass reasons of this instance."""
         return CacheReport.from_stats(self._stats)
 
+    def cache_key_stats(self) -> KeyStats:
+        """How many cache keys of this instance the key builder produced, and
+        why the others were left to torch's ``_cache_key`` (a copy).
+
+        See :mod:`torch_cachepolicy.keybuilder`: the builder gives the very
+        key torch would, only cheaper; its fallbacks (symbolic sizes, tensor
+        subclasses, unusual argument types, ...) cost what a stock key costs.
+        """
+        out = KeyStats()
+        out.built = self._key_stats.built
+        out.fallbacks = dict(sorted(dict(self._key_stats.fallbacks).items()))
+        return out
+
     @override
     def cache_clear(self) -> None:  # type: ignore[override]
         """Resets this instance's counters and empties its policy's partition
         (shared by modes with equal policies on the same store). torch's
         storage and other partitions are left alone."""
         self._stats = {}
+        self._key_stats = KeyStats()
         self._cache_store._partition(self._cache_policy.identity).clear()
 
     # ------------------------------------------------------------- dispatch
@@ -283,7 +299,8 @@ class FakeTensorMode(_StockMode):
                 sub = self._sub(route)
                 if self._open_frames:
                     self._record(route, sub)
-            key = self._cache_key(state, func, args, kwargs)
+            # torch's _cache_key, built cheaply when the arguments allow it.
+            key = cache_key(self, state, func, args, kwargs, self._key_stats)
             if route.slots is not None:
                 key = extend_key(key, route.slots, state, args, kwargs)
         except _BypassDispatchCache as e:

@@ -1,0 +1,489 @@
+// torch_cachepolicy._C.KeyBuilder: torch's FakeTensor dispatch cache key,
+// built without a Python call per tensor property.
+//
+// Note [What the key builder reproduces]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// FakeTensorMode._cache_key flattens the arguments with _prep_args_for_hash:
+// a container becomes (type, "length_<n>", items...), a dict its keys then
+// its values, a FakeTensor the fields of extract_tensor_metadata() in
+// declaration order (dtype, shape, stride, device, layout, memory format,
+// storage offset, storage bytes, requires_grad, is_quantized, is_conj,
+// is_neg, is_inference, is_sparse, is_coalesced, dense_dim, sparse_dim),
+// any other value (type(value), value). Each of those reads is a Python
+// call on a Tensor subclass, and each int of a shape goes through a chain of
+// about ten isinstance tests: most of a cache hit's cost.
+//
+// build() produces the very same tuple (the same objects where torch puts an
+// object: dtype, device, layout, memory format, types, the argument values;
+// equal ints and strings elsewhere), reading the TensorImpl directly, for
+// the common case only: exact FakeTensors of this mode, strided, static
+// sizes, not quantized, no constant; containers that are list, tuple, dict
+// (or list/tuple subclasses that iterate like their base); and scalars of the
+// exact types in `plain_types`. Anything else returns a short string, the
+// reason, and the caller falls back to torch's _cache_key, which raises the
+// bypass torch would raise or builds the key torch would build. The caller
+// supplies the key's prefix (op, default dtype, ...), which it computes the
+// way _cache_key does. test/test_keybuilder.py holds the two to equality.
+//
+// The memory format is torch._prims_common.suggest_memory_format's (not
+// c10's suggest_memory_format, which differs for some degenerate strides),
+// kept only if the tensor is contiguous in it, as extract_tensor_metadata
+// does.
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+namespace torch_cachepolicy {
+namespace {
+
+namespace py = pybind11;
+
+// Owned references, released unless handed over to a tuple.
+class Values {
+ public:
+  Values() {
+    items_.reserve(64);
+  }
+  ~Values() {
+    for (PyObject* o : items_) {
+      Py_DECREF(o);
+    }
+  }
+  Values(const Values&) = delete;
+  Values& operator=(const Values&) = delete;
+
+  // Takes a new reference; false if it is null (a Python error is set).
+  bool steal(PyObject* o) {
+    if (o == nullptr) {
+      return false;
+    }
+    items_.push_back(o);
+    return true;
+  }
+  void borrow(PyObject* o) {
+    Py_INCREF(o);
+    items_.push_back(o);
+  }
+  PyObject* to_tuple() {
+    PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(items_.size()));
+    if (out == nullptr) {
+      return nullptr;
+    }
+    for (size_t i = 0; i < items_.size(); ++i) {
+      PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), items_[i]);
+    }
+    items_.clear();
+    return out;
+  }
+
+ private:
+  std::vector<PyObject*> items_;
+};
+
+// A reason to fall back; nullptr means "handled". A static string, turned
+// into a Python str only when returned.
+using Reason = const char*;
+
+class KeyBuilder {
+ public:
+  KeyBuilder(
+      py::object fake_type,
+      py::object size_type,
+      py::object plain_types,
+      py::object sym_types,
+      py::object strided,
+      py::object contiguous_format,
+      py::object channels_last,
+      py::object channels_last_3d)
+      : fake_type_(std::move(fake_type)),
+        size_type_(std::move(size_type)),
+        plain_types_(std::move(plain_types)),
+        sym_types_(std::move(sym_types)),
+        strided_(std::move(strided)),
+        contiguous_format_(std::move(contiguous_format)),
+        channels_last_(std::move(channels_last)),
+        channels_last_3d_(std::move(channels_last_3d)),
+        fake_mode_name_(py::str("fake_mode")),
+        constant_name_(py::str("constant")),
+        fake_device_name_(py::str("_fake_device")),
+        in_kernel_name_(py::str("in_kernel_invocation")) {
+    TORCH_CHECK(
+        PyType_Check(fake_type_.ptr()) && PyType_Check(size_type_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: fake_type and size_type must be types");
+    TORCH_CHECK(
+        PyFrozenSet_Check(plain_types_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: plain_types must be a frozenset of types");
+    TORCH_CHECK(
+        PyTuple_Check(sym_types_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: sym_types must be a tuple of types");
+    for (int n = 0; n < kCachedLengths; ++n) {
+      lengths_.push_back(py::str("length_" + std::to_string(n)));
+    }
+  }
+
+  // The key tuple (prefix + flattened args, kwargs), or the reason (a str)
+  // to fall back to torch's _cache_key.
+  py::object build(
+      py::handle mode,
+      py::tuple prefix,
+      py::handle args,
+      py::handle kwargs) {
+    Values out;
+    for (py::handle v : prefix) {
+      out.borrow(v.ptr());
+    }
+    // FakeTensor.device is meta while the mode runs a kernel: rare on the
+    // cache path, left to torch.
+    const int in_kernel = truthy_attr(mode.ptr(), in_kernel_name_.ptr());
+    if (in_kernel < 0) {
+      throw py::error_already_set();
+    }
+    if (in_kernel != 0) {
+      return py::str("in kernel invocation");
+    }
+    Reason reason = nullptr;
+    // _cache_key: `if args:` / `if kwargs:`, so empty ones add nothing.
+    if (PyObject_IsTrue(args.ptr()) == 1) {
+      reason = container(mode.ptr(), args.ptr(), out);
+    }
+    if (reason == nullptr && !kwargs.is_none() &&
+        PyObject_IsTrue(kwargs.ptr()) == 1) {
+      reason = container(mode.ptr(), kwargs.ptr(), out);
+    }
+    if (PyErr_Occurred()) {
+      throw py::error_already_set();
+    }
+    if (reason != nullptr) {
+      return py::str(reason);
+    }
+    PyObject* tup = out.to_tuple();
+    if (tup == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(tup);
+  }
+
+ private:
+  static constexpr int kCachedLengths = 64;
+
+  static int truthy_attr(PyObject* obj, PyObject* name) {
+    PyObject* v = PyObject_GetAttr(obj, name);
+    if (v == nullptr) {
+      return -1;
+    }
+    const int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+  }
+
+  bool push_length(Py_ssize_t n, Values& out) {
+    if (n < kCachedLengths) {
+      out.borrow(lengths_[static_cast<size_t>(n)].ptr());
+      return true;
+    }
+    return out.steal(PyUnicode_FromFormat("length_%zd", n));
+  }
+
+  bool push_int(int64_t v, Values& out) {
+    out.borrow(reinterpret_cast<PyObject*>(&PyLong_Type));
+    return out.steal(PyLong_FromLongLong(v));
+  }
+
+  // A list, tuple or dict (isinstance): (type, "length_n", items...).
+  // Returns a reason for containers whose iteration could differ from
+  // the base type's.
+  Reason container(PyObject* mode, PyObject* c, Values& out) {
+    PyTypeObject* tp = Py_TYPE(c);
+    if (PyDict_Check(c)) {
+      if (!PyDict_CheckExact(c)) {
+        return "dict subclass argument";
+      }
+      out.borrow(reinterpret_cast<PyObject*>(tp));
+      if (!push_length(PyDict_GET_SIZE(c), out)) {
+        return "error";
+      }
+      // keys(), then values(): dict_keys is not a container to
+      // _prep_args_for_hash, so no (type, length) before them. Taken first,
+      // with references: see items().
+      std::vector<py::object> keys;
+      std::vector<py::object> values;
+      keys.reserve(static_cast<size_t>(PyDict_GET_SIZE(c)));
+      values.reserve(static_cast<size_t>(PyDict_GET_SIZE(c)));
+      Py_ssize_t pos = 0;
+      PyObject* k = nullptr;
+      PyObject* v = nullptr;
+      while (PyDict_Next(c, &pos, &k, &v)) {
+        keys.push_back(py::reinterpret_borrow<py::object>(k));
+        values.push_back(py::reinterpret_borrow<py::object>(v));
+      }
+      if (Reason r = items(mode, keys, out)) {
+        return r;
+      }
+      return items(mode, values, out);
+    }
+    const bool is_list = PyList_Check(c);
+    if (is_list ? tp->tp_iter != PyList_Type.tp_iter
+                : tp->tp_iter != PyTuple_Type.tp_iter) {
+      return "container subclass argument";
+    }
+    out.borrow(reinterpret_cast<PyObject*>(tp));
+    const Py_ssize_t n = is_list ? PyList_GET_SIZE(c) : PyTuple_GET_SIZE(c);
+    if (!push_length(n, out)) {
+      return "error";
+    }
+    if (!is_list) {
+      // A tuple cannot change, and holds its items.
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (Reason r = arg(mode, PyTuple_GET_ITEM(c, i), out)) {
+          return r;
+        }
+      }
+      return nullptr;
+    }
+    std::vector<py::object> elements;
+    elements.reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      elements.push_back(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(c, i)));
+    }
+    return items(mode, elements, out);
+  }
+
+  // The elements of a container, taken (with references) before any of them
+  // is looked at: a type's __hash__ or __instancecheck__ is Python code that
+  // could change a list or dict argument under a borrowed iteration.
+  Reason items(
+      PyObject* mode,
+      const std::vector<py::object>& elements,
+      Values& out) {
+    for (const py::object& item : elements) {
+      if (Reason r = arg(mode, item.ptr(), out)) {
+        return r;
+      }
+    }
+    return nullptr;
+  }
+
+  // One element, in _prep_args_for_hash's order of isinstance tests.
+  Reason arg(PyObject* mode, PyObject* a, Values& out) {
+    PyTypeObject* tp = Py_TYPE(a);
+    if (tp == reinterpret_cast<PyTypeObject*>(fake_type_.ptr())) {
+      return fake_tensor(mode, a, out);
+    }
+    if (THPVariable_Check(a)) {
+      return PyObject_TypeCheck(a, reinterpret_cast<PyTypeObject*>(fake_type_.ptr()))
+          ? "FakeTensor subclass argument"
+          : "non-fake tensor argument";
+    }
+    if (PySet_Contains(plain_types_.ptr(), reinterpret_cast<PyObject*>(tp)) ==
+        1) {
+      out.borrow(reinterpret_cast<PyObject*>(tp));
+      out.borrow(a);
+      return nullptr;
+    }
+    if (PyList_Check(a) || PyTuple_Check(a) || PyDict_Check(a)) {
+      return container(mode, a, out);
+    }
+    const int sym = PyObject_IsInstance(a, sym_types_.ptr());
+    if (sym < 0) {
+      return "error";
+    }
+    return sym ? "symbolic argument" : "argument of another type";
+  }
+
+  Reason fake_tensor(PyObject* mode, PyObject* a, Values& out) {
+    // is_our_fake(), then `.constant is not None`, as _prep_args_for_hash.
+    PyObject* owner = PyObject_GetAttr(a, fake_mode_name_.ptr());
+    if (owner == nullptr) {
+      return "error";
+    }
+    Py_DECREF(owner); // identity only
+    if (owner != mode) {
+      return "fake tensor of another mode";
+    }
+    PyObject* constant = PyObject_GetAttr(a, constant_name_.ptr());
+    if (constant == nullptr) {
+      return "error";
+    }
+    Py_DECREF(constant);
+    if (constant != Py_None) {
+      return "fake tensor with a constant";
+    }
+    const at::Tensor& t = THPVariable_Unpack(a);
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->has_symbolic_sizes_strides()) {
+      return "symbolic sizes";
+    }
+    if (impl->layout() != c10::kStrided) {
+      return "layout other than strided";
+    }
+    if (impl->is_nested()) {
+      return "nested tensor";
+    }
+    if (impl->is_quantized()) {
+      return "quantized tensor";
+    }
+    if (!impl->has_storage()) {
+      return "tensor without storage";
+    }
+    const c10::Storage& storage = impl->storage();
+    if (storage.sym_nbytes().is_heap_allocated()) {
+      return "symbolic storage size";
+    }
+
+    // dtype
+    out.borrow(reinterpret_cast<PyObject*>(torch::getTHPDtype(impl->dtype().toScalarType())));
+    // shape: torch.Size, flattened
+    const c10::IntArrayRef sizes = impl->sizes();
+    const c10::IntArrayRef strides = impl->strides();
+    const auto ndim = static_cast<Py_ssize_t>(sizes.size());
+    out.borrow(size_type_.ptr());
+    if (!push_length(ndim, out)) {
+      return "error";
+    }
+    for (const int64_t s : sizes) {
+      if (!push_int(s, out)) {
+        return "error";
+      }
+    }
+    // stride: t.stride() is a tuple
+    out.borrow(reinterpret_cast<PyObject*>(&PyTuple_Type));
+    if (!push_length(ndim, out)) {
+      return "error";
+    }
+    for (const int64_t s : strides) {
+      if (!push_int(s, out)) {
+        return "error";
+      }
+    }
+    // device: FakeTensor.device is fake_device outside kernel invocation
+    if (!out.steal(PyObject_GetAttr(a, fake_device_name_.ptr()))) {
+      return "error";
+    }
+    out.borrow(strided_.ptr());
+    // memory_format: torch._prims_common.suggest_memory_format, kept if
+    // the tensor is contiguous in it.
+    c10::MemoryFormat format = c10::MemoryFormat::Contiguous;
+    PyObject* format_obj = contiguous_format_.ptr();
+    if (channels_last_like(sizes, strides)) {
+      if (ndim == 4) {
+        format = c10::MemoryFormat::ChannelsLast;
+        format_obj = channels_last_.ptr();
+      } else {
+        format = c10::MemoryFormat::ChannelsLast3d;
+        format_obj = channels_last_3d_.ptr();
+      }
+    }
+    out.borrow(t.is_contiguous(format) ? format_obj : Py_None);
+    // storage_offset, storage_bytes: plain ints
+    if (!out.steal(PyLong_FromLongLong(impl->storage_offset())) ||
+        !out.steal(PyLong_FromSize_t(storage.nbytes()))) {
+      return "error";
+    }
+    out.borrow(t.requires_grad() ? Py_True : Py_False);
+    out.borrow(Py_False); // is_quantized
+    out.borrow(impl->is_conj() ? Py_True : Py_False);
+    out.borrow(impl->is_neg() ? Py_True : Py_False);
+    out.borrow(impl->is_inference() ? Py_True : Py_False);
+    out.borrow(Py_False); // is_sparse
+    out.borrow(Py_None); // is_coalesced
+    out.borrow(Py_None); // dense_dim
+    out.borrow(Py_None); // sparse_dim
+    return nullptr;
+  }
+
+  // torch._prims_common.are_strides_like_channels_last_or_false on static
+  // sizes (guard_or_true of a plain bool is the bool).
+  static bool channels_last_like(
+      c10::IntArrayRef shape,
+      c10::IntArrayRef strides) {
+    static constexpr int64_t order4[] = {1, 3, 2, 0};
+    static constexpr int64_t order5[] = {1, 4, 3, 2, 0};
+    const int64_t* order = nullptr;
+    size_t n = 0;
+    if (shape.size() == 4) {
+      order = order4;
+      n = 4;
+    } else if (shape.size() == 5) {
+      order = order5;
+      n = 5;
+    } else {
+      return false;
+    }
+    if (strides[1] == 0) {
+      return false;
+    }
+    int64_t min = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t d = order[i];
+      if (shape[d] == 0) {
+        return false;
+      }
+      if (strides[d] < min) {
+        return false;
+      }
+      if (d == 0 && min == strides[1]) {
+        return false;
+      }
+      min = strides[d] * shape[d];
+    }
+    return true;
+  }
+
+  py::object fake_type_;
+  py::object size_type_;
+  py::object plain_types_;
+  py::object sym_types_;
+  py::object strided_;
+  py::object contiguous_format_;
+  py::object channels_last_;
+  py::object channels_last_3d_;
+  py::str fake_mode_name_;
+  py::str constant_name_;
+  py::str fake_device_name_;
+  py::str in_kernel_name_;
+  std::vector<py::str> lengths_;
+};
+
+} // namespace
+
+void init_keybuilder(py::module& m) {
+  py::class_<KeyBuilder>(
+      m,
+      "KeyBuilder",
+      "Builds FakeTensorMode._cache_key's key for the common case; see\n"
+      "torch_cachepolicy.keybuilder.")
+      .def(
+          py::init<
+              py::object,
+              py::object,
+              py::object,
+              py::object,
+              py::object,
+              py::object,
+              py::object,
+              py::object>(),
+          py::arg("fake_type"),
+          py::arg("size_type"),
+          py::arg("plain_types"),
+          py::arg("sym_types"),
+          py::arg("strided"),
+          py::arg("contiguous_format"),
+          py::arg("channels_last"),
+          py::arg("channels_last_3d"))
+      .def(
+          "build",
+          &KeyBuilder::build,
+          py::arg("mode"),
+          py::arg("prefix"),
+          py::arg("args"),
+          py::arg("kwargs"),
+          "The key tuple (prefix, then args and kwargs flattened as\n"
+          "_prep_args_for_hash does), or a str: why it falls back.");
+}
+
+} // namespace torch_cachepolicy
