@@ -147,7 +147,7 @@ DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
     "field_renamed": (
         lambda: {"_DispatchCacheEntryOutputInfo": _RenamedOutputInfo},
         "_DispatchCacheEntryOutputInfo has the fields (inplace_idx, metadata, view_index), "
-        "expected (inplace_idx, metadata, view_idx, ...)",
+        "expected (inplace_idx, metadata, view_idx, constant_value, ...)",
     ),
     "key_compares_by_identity": (
         lambda: {"_DispatchCacheKey": _IdentityKey},

@@ -220,7 +220,7 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, "_DispatchCacheKey.strip_shape_env", params=("self",)),
     _Internal(_FT, "FakeTensor"),
     _Internal(_FT, "_DispatchCacheValidEntry", fields=("output_infos", "is_output_tuple")),
-    _Internal(_FT, "_DispatchCacheEntryOutputInfo", fields=("inplace_idx", "metadata", "view_idx")),
+    _Internal(_FT, "_DispatchCacheEntryOutputInfo", fields=("inplace_idx", "metadata", "view_idx", "constant_value")),
     _Internal(_FT, "_DispatchCacheBypassEntry", fields=("reason",), check=_check_reason),
     _Internal(_FT, "_BypassDispatchCache", fields=("reason",), check=_check_bypass_exception),
     _Internal(_FT, "DispatchCacheInfo", fields=("hits", "misses", "bypasses", "size")),

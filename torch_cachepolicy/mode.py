@@ -25,7 +25,7 @@ from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 from torch.utils._python_dispatch import TorchDispatchMode
 from typing_extensions import override
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import keyset, synth
 from torch_cachepolicy.keybuilder import KeyStats, cache_key
 from torch_cachepolicy.keyparts import GENERIC_SLOTS, ArgSlots, extend_key
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
@@ -182,6 +182,9 @@ class FakeTensorMode(_StockMode):
         # `+=` on an attribute is not atomic across threads; a lost update
         # could hide an open frame from the hit path's test.
         self._frames_lock = threading.Lock()
+        # id(entry) -> (entry, plan); see _output_from_cache_entry. The entry
+        # is held so that its id cannot name another entry while mapped.
+        self._plans: dict[int, tuple[object, synth.Plan | None]] = {}
 
     # ------------------------------------------------------------ public API
 
@@ -242,6 +245,7 @@ class FakeTensorMode(_StockMode):
         storage and other partitions are left alone."""
         self._stats = {}
         self._key_stats = KeyStats()
+        self._plans = {}
         self._cache_store._partition(self._cache_policy.identity).clear()
 
     # ------------------------------------------------------------- dispatch
@@ -415,6 +419,34 @@ class FakeTensorMode(_StockMode):
                 if owner is not None:
                     evict_when_collected(owner, table, key)
         return output
+
+    @override
+    def _output_from_cache_entry(
+        self,
+        state: _CacheKeyState,
+        entry: _DispatchCacheValidEntry,
+        key: _DispatchCacheKey,
+        func: OpOverload,
+        args: Sequence[object],
+    ) -> Any:
+        # Note [One synthesis for hits and their verification]
+        # Hits of plain entries are built by synth.build (no dispatch, torch's
+        # FakeTensor constructor), everything else by torch. verify_entry and
+        # the crosscheck call this method too, so every entry is checked, on
+        # the miss that creates it, against the very function its hits use.
+        if synth._meta_empty_strided is None:
+            return super()._output_from_cache_entry(state, entry, key, func, args)
+        planned = self._plans.get(id(entry))
+        if planned is None or planned[0] is not entry:
+            planned = self._plans[id(entry)] = (entry, synth.output_plan(entry))
+        plan = planned[1]
+        if plan is None:
+            return super()._output_from_cache_entry(state, entry, key, func, args)
+        if synth._canary.remaining > 0:
+            return synth.checked_build(
+                self, plan, lambda: super(FakeTensorMode, self)._output_from_cache_entry(state, entry, key, func, args), args
+            )
+        return synth.build(self, plan)
 
     @override
     def _validate_cache_key(

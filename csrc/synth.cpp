@@ -1,0 +1,98 @@
+// torch_cachepolicy._C.meta_empty_strided: the meta tensor behind a cache
+// hit's output, built without dispatch.
+//
+// Note [Building a hit's meta tensor without dispatch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch's FakeTensorMode._get_output_tensor_from_cache_entry builds the
+// output of a hit as torch.empty_strided(shape, stride, dtype=...,
+// device="meta", requires_grad=...) inside in_kernel_invocation_manager (so
+// the call cannot reach a mode or subclass) and then FakeTensor(mode, meta,
+// device). The Python context manager and the dispatch through the
+// dispatcher cost more than the tensor. For an entry whose output metadata
+// is static ints (no SymInt stub), strided, neither conj nor neg, and not a
+// view or in-place alias, this function builds the same meta tensor with
+// at::detail::empty_strided_meta, which is what the dispatcher's Meta kernel
+// for empty_strided calls: the same sizes, strides, dtype, a fresh meta
+// storage of the same byte size, storage offset 0, and the same dispatch
+// keys. No dispatch happens, so no mode or TLS state is consulted. The
+// FakeTensor is still made by torch's own constructor, in Python. Every
+// entry is checked against this function's output on the miss that creates
+// it (torch_cachepolicy.safety.verify_entry calls the mode's
+// _output_from_cache_entry, which uses it), and test_synth.py compares it
+// with torch's synthesis.
+
+#include <ATen/EmptyTensor.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <pybind11/pybind11.h>
+
+#include <vector>
+
+namespace torch_cachepolicy {
+namespace {
+
+namespace py = pybind11;
+
+std::vector<int64_t> as_ints(const py::handle& seq, const char* what) {
+  if (!PyTuple_Check(seq.ptr())) {
+    throw py::type_error(
+        std::string("meta_empty_strided(...): ") + what + " must be a tuple of ints");
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(seq.ptr(), i);
+    // Exact ints only: a SymInt, a bool or an int subclass is the caller's
+    // mistake (its plan should have sent the entry to torch's path).
+    if (!PyLong_CheckExact(item)) {
+      throw py::type_error(
+          std::string("meta_empty_strided(...): ") + what + " must be a tuple of ints");
+    }
+    const long long v = PyLong_AsLongLong(item);
+    if (v == -1 && PyErr_Occurred()) {
+      throw py::error_already_set();
+    }
+    out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
+}
+
+py::object meta_empty_strided(
+    const py::handle& shape,
+    const py::handle& stride,
+    const py::handle& dtype,
+    bool requires_grad) {
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw py::type_error("meta_empty_strided(...): dtype must be a torch.dtype");
+  }
+  const auto sizes = as_ints(shape, "shape");
+  const auto strides = as_ints(stride, "stride");
+  if (sizes.size() != strides.size()) {
+    throw py::value_error("meta_empty_strided(...): shape and stride differ in length");
+  }
+  at::Tensor t(at::detail::empty_strided_meta(
+      sizes, strides, reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+  if (requires_grad) {
+    t.set_requires_grad(true);
+  }
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+}
+
+} // namespace
+
+void init_synth(py::module& m) {
+  m.def(
+      "meta_empty_strided",
+      &meta_empty_strided,
+      py::arg("shape"),
+      py::arg("stride"),
+      py::arg("dtype"),
+      py::arg("requires_grad"),
+      "torch.empty_strided(shape, stride, dtype=dtype, device='meta',\n"
+      "requires_grad=requires_grad) without dispatch; shape and stride are\n"
+      "tuples of ints. See Note [Building a hit's meta tensor without dispatch].");
+}
+
+} // namespace torch_cachepolicy
