@@ -1,5 +1,5 @@
-// torch_cachepolicy._C.meta_empty_strided: the meta tensor behind a cache
-// hit's output, built without dispatch.
+// torch_cachepolicy._C.meta_empty_strided and meta_view_of: the meta tensor
+// behind a cache hit's output, built without dispatch.
 //
 // Note [Building a hit's meta tensor without dispatch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -10,11 +10,13 @@
 // device). The Python context manager and the dispatch through the
 // dispatcher cost more than the tensor. For an entry whose output metadata
 // is static ints (no SymInt stub), strided, neither conj nor neg, and not a
-// view or in-place alias, this function builds the same meta tensor with
+// view or in-place alias, meta_empty_strided builds the same meta tensor with
 // at::detail::empty_strided_meta, which is what the dispatcher's Meta kernel
 // for empty_strided calls: the same sizes, strides, dtype, a fresh meta
 // storage of the same byte size, storage offset 0, and the same dispatch
-// keys. No dispatch happens, so no mode or TLS state is consulted. The
+// keys. For a view op's output torch then calls set_(input storage, offset,
+// shape, stride) on that tensor; meta_view_of builds the result directly on
+// the input's StorageImpl. No dispatch happens, so no mode is consulted. The
 // FakeTensor is still made by torch's own constructor, in Python. Every
 // entry is checked against this function's output on the miss that creates
 // it (torch_cachepolicy.safety.verify_entry calls the mode's
@@ -80,6 +82,39 @@ py::object meta_empty_strided(
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
+py::object meta_view_of(
+    const py::handle& base,
+    const py::handle& shape,
+    const py::handle& stride,
+    int64_t storage_offset,
+    const py::handle& dtype) {
+  if (!THPVariable_Check(base.ptr())) {
+    throw py::type_error("meta_view_of(...): base must be a Tensor");
+  }
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw py::type_error("meta_view_of(...): dtype must be a torch.dtype");
+  }
+  const at::Tensor& source = THPVariable_Unpack(base.ptr());
+  // The storage's device, not the tensor's: a FakeTensor reports its fake
+  // device (through Python) while its storage is meta.
+  if (!source.has_storage() || source.storage().device_type() != c10::DeviceType::Meta) {
+    throw py::value_error("meta_view_of(...): base must have a meta storage (a FakeTensor)");
+  }
+  const auto sizes = as_ints(shape, "shape");
+  const auto strides = as_ints(stride, "stride");
+  if (sizes.size() != strides.size()) {
+    throw py::value_error("meta_view_of(...): shape and stride differ in length");
+  }
+  // What empty_strided_meta + set_(storage, offset, shape, stride) leave:
+  // a plain meta tensor on the base's storage (the same StorageImpl).
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(source.storage()),
+      c10::DispatchKeySet(c10::DispatchKey::Meta),
+      c10::scalarTypeToTypeMeta(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+}
+
 } // namespace
 
 void init_synth(py::module& m) {
@@ -93,6 +128,17 @@ void init_synth(py::module& m) {
       "torch.empty_strided(shape, stride, dtype=dtype, device='meta',\n"
       "requires_grad=requires_grad) without dispatch; shape and stride are\n"
       "tuples of ints. See Note [Building a hit's meta tensor without dispatch].");
+  m.def(
+      "meta_view_of",
+      &meta_view_of,
+      py::arg("base"),
+      py::arg("shape"),
+      py::arg("stride"),
+      py::arg("storage_offset"),
+      py::arg("dtype"),
+      "A meta tensor of dtype on base's storage with this shape, stride and\n"
+      "offset, as torch's synthesis of a view op's hit leaves it before\n"
+      "FakeTensor wraps it (empty_strided then set_), without dispatch.");
 }
 
 } // namespace torch_cachepolicy

@@ -57,7 +57,7 @@ class _ParityMode(tcp.FakeTensorMode):
     def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
         ours = super()._output_from_cache_entry(state, entry, key, func, args)
         theirs = _ft.FakeTensorMode._output_from_cache_entry(self, state, entry, key, func, args)
-        self.built.append((func, synth.output_plan(entry) is not None, _difference(ours, theirs, args)))
+        self.built.append((func, synth.output_plan(entry, func) is not None, _difference(ours, theirs, args)))
         return ours
 
 
@@ -128,11 +128,20 @@ PLAIN_CASES: list[Any] = [
     subtest(((_t(2, 4),), lambda x: torch.ops.tcp_test.pair.default(x)), name="backend_tuple"),
 ]
 
-TORCH_PATH_CASES: list[Any] = [
+VIEW_CASES: list[Any] = [
     subtest(((_t(2, 8),), lambda x: aten.view.default(x, [16])), name="view"),
-    subtest(((_t(2, 8),), lambda x: aten.t.default(x)), name="transpose_view"),
-    subtest(((_t(2, 8),), lambda x: aten.add_.Tensor(x, 1.0)), name="inplace"),
+    subtest(((_t(2, 8),), lambda x: aten.t.default(x)), name="transpose"),
+    subtest(((_t(4, 8),), lambda x: aten.select.int(x, 0, 2)), name="select_offset"),
+    subtest(((_t(4, 8),), lambda x: aten.slice.Tensor(x, 1, 2, 7, 2)), name="strided_slice_offset"),
+    subtest(((_t(4, 8),), lambda x: aten.view.dtype(x, torch.int16)), name="view_dtype"),
+    subtest(((_t(4, 8),), lambda x: aten.add_.Tensor(x, 1.0)), name="inplace"),
+    subtest(((_t(4, 8), _t(8)), lambda x, y: aten.mul_.Tensor(x, y)), name="inplace_two_args"),
+    subtest(((_t(2, 4),), lambda x: torch.ops.tcp_test.good_view.default(x)), name="backend_view"),
+]
+
+TORCH_PATH_CASES: list[Any] = [
     subtest(((_t(2, 8, dtype=torch.complex64),), lambda x: aten._conj.default(x)), name="conj_view"),
+    subtest(((_t(2, 8),), lambda x: aten._neg_view.default(x)), name="neg_view"),
 ]
 
 
@@ -154,9 +163,9 @@ class TestSynthParity(TestCase):
         # The miss's verification and the hit both went through the override.
         self.assertGreaterEqual(ops.count(op), 2)
         for func, used_plan, diff in mode.built:
-            self.assertIsNone(diff, func)
+            self.assertIsNone(diff, str(func))
             if func is op:
-                self.assertEqual(used_plan, plain and HAS_FAST, func)
+                self.assertEqual(used_plan, plain and HAS_FAST, str(func))
 
     def check(self, inputs: Sequence[torch.Tensor], call: Call, *, plain: bool, inference: bool = False) -> None:
         """Every hit of ``call`` is built as torch builds it; plain entries take the fast path."""
@@ -180,9 +189,14 @@ class TestSynthParity(TestCase):
         """Under inference mode both paths make inference tensors alike."""
         self.check(*case, plain=True, inference=True)
 
+    @parametrize("case", VIEW_CASES)
+    def test_view_and_inplace_entries(self, case: tuple[Sequence[torch.Tensor], Call]) -> None:
+        """Views (on the input's storage, at its offset) and in-place ops (the input) match torch's."""
+        self.check(*case, plain=True)
+
     @parametrize("case", TORCH_PATH_CASES)
-    def test_aliasing_entries_use_torch(self, case: tuple[Sequence[torch.Tensor], Call]) -> None:
-        """Views, in-place ops and conj/neg bits are left to torch's synthesis."""
+    def test_conj_neg_entries_use_torch(self, case: tuple[Sequence[torch.Tensor], Call]) -> None:
+        """Outputs with conj or neg bits are left to torch's synthesis."""
         self.check(*case, plain=False)
 
     def test_symbolic_entries_use_torch(self) -> None:

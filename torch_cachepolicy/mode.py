@@ -438,15 +438,18 @@ class FakeTensorMode(_StockMode):
             return super()._output_from_cache_entry(state, entry, key, func, args)
         planned = self._plans.get(id(entry))
         if planned is None or planned[0] is not entry:
-            planned = self._plans[id(entry)] = (entry, synth.output_plan(entry))
+            planned = self._plans[id(entry)] = (entry, synth.output_plan(entry, func))
         plan = planned[1]
-        if plan is None:
-            return super()._output_from_cache_entry(state, entry, key, func, args)
-        if synth._canary.remaining > 0:
-            return synth.checked_build(
-                self, plan, lambda: super(FakeTensorMode, self)._output_from_cache_entry(state, entry, key, func, args), args
-            )
-        return synth.build(self, plan)
+        if plan is not None:
+            if synth._canary.remaining > 0:
+                output = synth.checked_build(
+                    self, plan, lambda: super(FakeTensorMode, self)._output_from_cache_entry(state, entry, key, func, args), args
+                )
+            else:
+                output = synth.build(self, plan, args)
+            if output is not synth.TORCH_PATH:
+                return output
+        return super()._output_from_cache_entry(state, entry, key, func, args)
 
     @override
     def _validate_cache_key(

@@ -28,24 +28,35 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias
 
 import torch
+from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheEntryOutputInfo, _DispatchCacheValidEntry
 
 from torch_cachepolicy import keyset
 
-__all__ = ["Plan", "available", "build", "checked_build", "output_plan"]
+__all__ = ["TORCH_PATH", "Plan", "available", "build", "checked_build", "output_plan"]
 
-# One output: (shape, stride, dtype, device, requires_grad) for a tensor, or
-# (constant,) for an int, bool or None.
-_Step: TypeAlias = "tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, bool] | tuple[object]"
+# How build() makes one output, by its first element:
+#   (_NEW, shape, stride, dtype, device, requires_grad): a fresh tensor;
+#   (_VIEW, arg index, shape, stride, storage offset, dtype, device): a
+#       tensor on the storage of that argument (a view op's output);
+#   (_INPLACE, arg index): that argument itself (an in-place op's output);
+#   (_CONSTANT, value): an int, bool or None.
+_Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
+_NEW, _VIEW, _INPLACE, _CONSTANT = range(4)
+
 _meta_empty_strided = getattr(keyset._ext, "meta_empty_strided", None)
+_meta_view_of = getattr(keyset._ext, "meta_view_of", None)
 
 _CONSTANT_TYPES = (int, bool, type(None))
+
+TORCH_PATH = object()
+"""What :func:`build` returns when the arguments of this call need torch's path."""
 
 
 def available() -> bool:
@@ -58,12 +69,14 @@ def _ints(values: object) -> bool:
 
 
 def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
-    if info.inplace_idx is not None or info.view_idx is not None:
-        return None
     m = info.metadata
+    if info.inplace_idx is not None:
+        return (_INPLACE, info.inplace_idx)
     if m is None:
         value = info.constant_value
-        return (value,) if type(value) in _CONSTANT_TYPES else None
+        if info.view_idx is None and type(value) in _CONSTANT_TYPES:
+            return (_CONSTANT, value)
+        return None
     if (
         m.layout is not torch.strided
         or m.is_conj
@@ -76,12 +89,20 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
         or type(m.device) is not torch.device
     ):
         return None
-    # _ints checked every element: the stubs the type allows are absent.
-    return (cast(tuple[int, ...], m.shape), cast(tuple[int, ...], m.stride), m.dtype, m.device, bool(m.requires_grad))
+    if info.view_idx is None:
+        return (_NEW, m.shape, m.stride, m.dtype, m.device, bool(m.requires_grad))
+    # torch's set_ on a leaf that requires grad is autograd's business: its path.
+    if m.requires_grad or type(m.storage_offset) is not int or _meta_view_of is None:
+        return None
+    return (_VIEW, info.view_idx, m.shape, m.stride, m.storage_offset, m.dtype, m.device)
 
 
-def output_plan(entry: _DispatchCacheValidEntry) -> Plan | None:
-    """How :func:`build` rebuilds ``entry``'s output, or ``None`` if it cannot."""
+def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | None:
+    """How :func:`build` rebuilds ``entry``'s output, or ``None`` if it cannot.
+
+    ``func`` is the operator: torch rebuilds a view entry as a view only for
+    an ``OpOverload`` whose schema says it is a view, and so do we.
+    """
     if _meta_empty_strided is None:
         return None
     steps = []
@@ -89,23 +110,36 @@ def output_plan(entry: _DispatchCacheValidEntry) -> Plan | None:
         step = _step(info)
         if step is None:
             return None
+        if step[0] == _VIEW and not (isinstance(func, OpOverload) and func.is_view):
+            return None
         steps.append(step)
     if not entry.is_output_tuple and len(steps) != 1:
         return None
     return bool(entry.is_output_tuple), tuple(steps)
 
 
-def build(mode: Any, plan: Plan) -> object:
-    """The output of a hit on an entry with this plan, made for ``mode``."""
+def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
+    """The output of a hit on an entry with this plan, made for ``mode``, or
+    :data:`TORCH_PATH` when an aliased argument is not a FakeTensor (torch's
+    path raises the error for that)."""
     is_tuple, steps = plan
-    meta_empty_strided = _meta_empty_strided
-    assert meta_empty_strided is not None  # a plan exists only with the extension
-    outputs = [
-        step[0]
-        if len(step) == 1
-        else FakeTensor(mode, meta_empty_strided(step[0], step[1], step[2], step[4]), step[3])  # type: ignore[misc]
-        for step in steps
-    ]
+    outputs: list[object] = []
+    for step in steps:
+        kind = step[0]
+        if kind == _NEW:
+            meta = _meta_empty_strided(step[1], step[2], step[3], step[5])  # type: ignore[misc]
+            outputs.append(FakeTensor(mode, meta, step[4]))
+        elif kind == _CONSTANT:
+            outputs.append(step[1])
+        else:
+            arg = args[step[1]] if step[1] < len(args) else None
+            if not isinstance(arg, FakeTensor):
+                return TORCH_PATH
+            if kind == _INPLACE:
+                outputs.append(arg)
+            else:
+                meta = _meta_view_of(arg, step[2], step[3], step[4], step[5])  # type: ignore[misc]
+                outputs.append(FakeTensor(mode, meta, step[6]))
     return tuple(outputs) if is_tuple else outputs[0]
 
 
@@ -128,8 +162,8 @@ def checked_build(
     switches the fast path off for the process, warns, and returns torch's
     output: correct, only slower.
     """
-    ours = build(mode, plan)
-    if _canary.remaining <= 0:
+    ours = build(mode, plan, args)
+    if ours is TORCH_PATH or _canary.remaining <= 0:
         return ours
     from torch_cachepolicy.safety import describe, first_difference
 
@@ -138,8 +172,8 @@ def checked_build(
     if diff is None:
         _canary.remaining -= 1
         return ours
-    global _meta_empty_strided
-    _meta_empty_strided = None
+    global _meta_empty_strided, _meta_view_of
+    _meta_empty_strided = _meta_view_of = None
     _canary.remaining = 0
     warnings.warn(
         f"torch_cachepolicy.synth: a cache hit built without dispatch differs from torch's "
