@@ -182,6 +182,13 @@ class TestBenchCommand(TestCase):
         for op in data["hit_cost"].values():
             for medians in (op["median_us"], op["median_cpu_us"]):
                 self.assertEqual(set(medians), {"policy_hit", "floor", "global_patch_hit", "stock_uncached"})
+        self.assertEqual(
+            list(data["aten_hit_cost"]),
+            ["aten::convolution", "aten::addmm (linear with bias)", "aten::relu", "aten::view"],
+        )
+        for op in data["aten_hit_cost"].values():
+            for medians in (op["median_us"], op["median_cpu_us"]):
+                self.assertEqual(set(medians), {"policy_hit", "floor", "stock_hit"})
         for per_config in data["memory"]["workloads"].values():
             self.assertEqual(set(per_config), set(CONFIG_NAMES))
             self.assertEqual(per_config["policy"]["stores_alive"], 0)
@@ -268,7 +275,7 @@ class TestTargetVerdicts(TestCase):
         self.assertEqual(statuses, {"timing": {"INDICATIVE", "SKIP"}, "counts": {"PASS"}, "memory": {"PASS"}})
         self.assertExpectedInline(
             markdown.rstrip().splitlines()[-1],
-            """Summary: 4 targets judged: 4 PASS, 0 FAIL; 4 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
+            """Summary: 4 targets judged: 4 PASS, 0 FAIL; 10 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
         )
 
     def test_strict_fails_on_a_judged_target(self) -> None:

@@ -1,4 +1,10 @@
-"""What one cache hit on a backend op costs, next to the floor of building its output."""
+"""What one cache hit costs, next to the floor of building its output.
+
+Two tables: backend ops (``hit_cost``: the policy's hit against the floor,
+the global patch's hit and stock's uncached dispatch) and aten ops
+(``aten_hit_cost``: the policy's hit against stock's own hit, since stock
+caches aten).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +25,15 @@ import torch_cachepolicy as tcp
 from benchmarks.global_patch import global_patch
 from benchmarks.replay import dialect
 
-__all__ = ["HitCase", "VARIANTS", "hit_cases", "measure_hit_costs"]
+__all__ = [
+    "ATEN_VARIANTS",
+    "HitCase",
+    "VARIANTS",
+    "aten_hit_cases",
+    "hit_cases",
+    "measure_aten_hit_costs",
+    "measure_hit_costs",
+]
 
 VARIANTS: tuple[str, ...] = ("policy_hit", "floor", "global_patch_hit", "stock_uncached")
 """policy_hit: a hit in the policy mode; floor: ``FakeTensor(mode,
@@ -27,6 +41,10 @@ torch.empty_strided(..., device="meta"), device)`` under
 ``in_kernel_invocation_manager``, the least a hit can do; global_patch_hit:
 torch's own hit path for the op under the baseline patch; stock_uncached: the
 stock dispatch (never cached), i.e. what a hit saves."""
+
+ATEN_VARIANTS: tuple[str, ...] = ("policy_hit", "floor", "stock_hit")
+"""For aten ops: policy_hit and floor as in :data:`VARIANTS`; stock_hit: a hit
+of a stock ``FakeTensorMode`` (torch's own hit path, torch's key)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,104 @@ def measure_hit_costs(
             "policy_hit_over_floor_cpu": cpu_us["policy_hit"] / cpu_us["floor"],
             "policy_hit_over_global_patch_hit": us["policy_hit"] / us["global_patch_hit"],
             "stock_uncached_over_policy_hit": us["stock_uncached"] / us["policy_hit"],
+            "batches": batches,
+            "calls_per_batch": calls,
+        }
+    return results, problems
+
+
+def aten_hit_cases() -> list[HitCase]:
+    """Aten ops whose hits dominate exporter passes: conv, linear with bias, a pointwise op, a view."""
+
+    def x(mode: _ft.FakeTensorMode) -> Any:
+        return mode.from_tensor(torch.zeros(2, 16, 16, 16))
+
+    def conv_args(mode: _ft.FakeTensorMode) -> tuple[Any, ...]:
+        w = mode.from_tensor(torch.zeros(16, 16, 3, 3))
+        b = mode.from_tensor(torch.zeros(16))
+        return (x(mode), w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+
+    def addmm_args(mode: _ft.FakeTensorMode) -> tuple[Any, ...]:
+        b = mode.from_tensor(torch.zeros(24))
+        return (b, mode.from_tensor(torch.zeros(8, 32)), mode.from_tensor(torch.zeros(32, 24)))
+
+    aten = torch.ops.aten
+    return [
+        HitCase("aten::convolution", aten.convolution.default, conv_args),
+        HitCase("aten::addmm (linear with bias)", aten.addmm.default, addmm_args),
+        HitCase("aten::relu", aten.relu.default, lambda mode: (x(mode),)),
+        HitCase("aten::view", aten.view.default, lambda mode: (x(mode), [2, -1])),
+    ]
+
+
+def _measure_aten_case(
+    case: HitCase, batches: int, calls: int
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    problems: list[str] = []
+    policy_mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(), allow_non_fake_inputs=True)
+    stock_mode = _ft.FakeTensorMode(allow_non_fake_inputs=True)
+    policy_args, stock_args = case.make_args(policy_mode), case.make_args(stock_mode)
+    with policy_mode:
+        sample = case.op(*policy_args)
+    with stock_mode:
+        case.op(*stock_args)
+    assert isinstance(sample, FakeTensor)
+    shape, stride, dtype, device = tuple(sample.shape), sample.stride(), sample.dtype, sample.device
+
+    def policy_hit() -> None:
+        with policy_mode:
+            for _ in range(calls):
+                case.op(*policy_args)
+
+    def stock_hit() -> None:
+        with stock_mode:
+            for _ in range(calls):
+                case.op(*stock_args)
+
+    def floor() -> None:
+        for _ in range(calls):
+            with in_kernel_invocation_manager(policy_mode):
+                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            FakeTensor(policy_mode, meta, device)
+
+    samples: dict[str, list[tuple[float, float]]] = {v: [] for v in ATEN_VARIANTS}
+    for b in range(batches):
+        order = [ATEN_VARIANTS[(b + i) % len(ATEN_VARIANTS)] for i in range(len(ATEN_VARIANTS))]
+        for variant in order:
+            if variant == "policy_hit":
+                hits = policy_mode.cache_report()[case.op].hits
+                seconds = _timed(policy_hit)
+                if policy_mode.cache_report()[case.op].hits - hits != calls:
+                    problems.append(f"{case.label}: a policy call in batch {b} was not a hit")
+            elif variant == "stock_hit":
+                hits = _ft.FakeTensorMode.cache_hits
+                seconds = _timed(stock_hit)
+                if _ft.FakeTensorMode.cache_hits - hits != calls:
+                    problems.append(f"{case.label}: a stock call in batch {b} was not a hit")
+            else:
+                seconds = _timed(floor)
+            samples[variant].append((seconds[0] / calls, seconds[1] / calls))
+    medians = {v: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for v, s in samples.items()}
+    return medians, problems
+
+
+def measure_aten_hit_costs(*, batches: int, calls: int) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per aten op: median microseconds per call of each of :data:`ATEN_VARIANTS`
+    (wall and process CPU time), interleaved batch by batch as in
+    :func:`measure_hit_costs`, and the policy's hit over stock's hit."""
+    results: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for case in aten_hit_cases():
+        medians, found = _measure_aten_case(case, batches, calls)
+        problems += found
+        us = {v: medians[v][0] * 1e6 for v in ATEN_VARIANTS}
+        cpu_us = {v: medians[v][1] * 1e6 for v in ATEN_VARIANTS}
+        results[case.label] = {
+            "median_us": us,
+            "median_cpu_us": cpu_us,
+            "policy_hit_over_stock_hit": us["policy_hit"] / us["stock_hit"],
+            "policy_hit_over_stock_hit_cpu": cpu_us["policy_hit"] / cpu_us["stock_hit"],
+            "policy_hit_over_floor_cpu": cpu_us["policy_hit"] / cpu_us["floor"],
             "batches": batches,
             "calls_per_batch": calls,
         }

@@ -112,6 +112,35 @@ def _hit_cost(results: Mapping[str, Any]) -> list[str]:
     )
 
 
+def _aten_hit_cost(results: Mapping[str, Any]) -> list[str]:
+    rows: list[list[object]] = []
+    for op, h in results["aten_hit_cost"].items():
+        us, cpu = h["median_us"], h["median_cpu_us"]
+        rows.append(
+            [
+                op,
+                f"{us['policy_hit']:.1f}",
+                f"{us['stock_hit']:.1f}",
+                f"{h['policy_hit_over_stock_hit']:.3f}",
+                f"{h['policy_hit_over_stock_hit_cpu']:.3f}",
+                f"{cpu['floor']:.1f}",
+                f"{h['policy_hit_over_floor_cpu']:.2f}x",
+            ]
+        )
+    return _table(
+        [
+            "op",
+            "policy hit us",
+            "stock hit us",
+            "policy hit/stock hit",
+            "policy hit/stock hit (CPU time)",
+            "floor CPU us",
+            "hit/floor (CPU time)",
+        ],
+        rows,
+    )
+
+
 def _memory(memory: Mapping[str, Any]) -> list[str]:
     rows: list[list[object]] = []
     for name, per_config in memory["workloads"].items():
@@ -191,6 +220,13 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             "",
             *_timing_caveat(s),
             *_hit_cost(results),
+        ]
+    if results.get("aten_hit_cost"):
+        lines += [
+            "",
+            "## Cost of one hit on an aten op (median per call; stock caches these too)",
+            "",
+            *_aten_hit_cost(results),
         ]
     memory = results.get("memory")
     if memory:

@@ -39,6 +39,7 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "settings",
     "workloads",
     "hit_cost",
+    "aten_hit_cost",
     "memory",
     "targets",
     "correctness",

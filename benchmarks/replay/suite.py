@@ -12,7 +12,7 @@ import torch._library.utils as library_utils
 
 from benchmarks.global_patch import positive_backend_entries
 from benchmarks.replay.configs import make_configurations
-from benchmarks.replay.hitcost import measure_hit_costs
+from benchmarks.replay.hitcost import measure_aten_hit_costs, measure_hit_costs
 from benchmarks.replay.memory import measure_memory
 from benchmarks.replay.results import SCHEMA, environment, summarize_workload
 from benchmarks.replay.runner import Progress, run_workload
@@ -97,8 +97,11 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
     checks.append("no positive backend entry in FakeTensorMode.cache after any series")
 
     hit_cost: dict[str, Any] = {}
+    aten_hit_cost: dict[str, Any] = {}
     if settings.hit_batches > 0:
         hit_cost, problems = measure_hit_costs(namespaces, batches=settings.hit_batches, calls=settings.hit_calls)
+        failures += problems
+        aten_hit_cost, problems = measure_aten_hit_costs(batches=settings.hit_batches, calls=settings.hit_calls)
         failures += problems
         checks.append("every timed hit-cost call was a hit")
         if progress is not None:
@@ -126,6 +129,7 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
         },
         "workloads": workloads,
         "hit_cost": hit_cost,
+        "aten_hit_cost": aten_hit_cost,
         "memory": memory,
         "targets": [],
         "correctness": {"ok": not failures, "failures": failures, "checks": checks},

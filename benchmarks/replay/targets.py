@@ -161,6 +161,32 @@ def evaluate_targets(results: Mapping[str, Any]) -> list[Target]:
             judge=judge,
         )
     )
+    # The hit path (issue #11): CPU-time ratios, which other processes on the
+    # machine inflate less than wall time.
+    for op, h in (results.get("hit_cost") or {}).items():
+        targets.append(
+            _check(
+                f"policy hit at most 2x the floor on {op}",
+                "timing",
+                f"hit_cost['{op}'].policy_hit_over_floor_cpu",
+                "<=",
+                2.0,
+                float(h["policy_hit_over_floor_cpu"]),
+                judge=judge,
+            )
+        )
+    for op, h in (results.get("aten_hit_cost") or {}).items():
+        targets.append(
+            _check(
+                f"policy hit at most half of stock's hit on {op}",
+                "timing",
+                f"aten_hit_cost['{op}'].policy_hit_over_stock_hit_cpu",
+                "<=",
+                0.5,
+                float(h["policy_hit_over_stock_hit_cpu"]),
+                judge=judge,
+            )
+        )
     for name, workload in workloads.items():
         # The baseline caches every backend op; equal outcomes mean the policy
         # caches exactly what it does, without touching torch's globals.
