@@ -23,7 +23,7 @@ VENV214 ?= .venv-torch214
 TORCH214_PIN ?= torch==2.14.1
 SRC214 := $(VENV214)/src
 # The core and upstream-patch tests, run on torch 2.14.
-TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py test/test_keybuilder.py test/test_synth.py \
+TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py test/test_keybuilder.py test/test_synth.py test/test_keyparts.py \
 	test/test_upstream_patch.py
 
 .PHONY: install bench bench-full lint test test-fallback test-main test-wheel test-executorch test-torch214 \
@@ -53,7 +53,7 @@ lint: install
 
 # The pure-Python dispatcher fallback, exercised for real (not only in theory).
 test-fallback: install
-	TORCH_CACHEPOLICY_FORCE_PYTHON=1 $(PYTHON) -m pytest -q test/test_keyset.py test/test_mode.py test/test_policy.py test/test_synth.py
+	TORCH_CACHEPOLICY_FORCE_PYTHON=1 $(PYTHON) -m pytest -q test/test_keyset.py test/test_mode.py test/test_policy.py test/test_synth.py test/test_keyparts.py
 
 # Includes test/test_packaging.py, whose wheel is built with USE_CPP=0 (seconds).
 test-main: install

@@ -399,16 +399,19 @@ class KernelWatch {
 // csrc/keybuilder.cpp: torch_cachepolicy._C.KeyBuilder.
 void init_keybuilder(pybind11::module& m);
 void init_synth(pybind11::module& m);
+void init_keyparts(pybind11::module& m);
 
 } // namespace torch_cachepolicy
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() =
       "Batched dispatcher queries for torch_cachepolicy.keyset, the cache key\n"
-      "builder of torch_cachepolicy.keybuilder, and the meta tensors of cache\n"
-      "hits (torch_cachepolicy.synth).";
+      "builder of torch_cachepolicy.keybuilder, the common case of\n"
+      "torch_cachepolicy.keyparts, and the meta tensors of cache hits\n"
+      "(torch_cachepolicy.synth).";
   torch_cachepolicy::init_keybuilder(m);
   torch_cachepolicy::init_synth(m);
+  torch_cachepolicy::init_keyparts(m);
   m.def(
       "kernel_masks",
       &torch_cachepolicy::kernel_masks,

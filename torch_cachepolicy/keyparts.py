@@ -33,6 +33,8 @@ from torch._ops import OpOverload
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey
 
+from torch_cachepolicy import keyset
+
 __all__ = ["GENERIC_SLOTS", "ArgSlots", "extend_key"]
 
 # An argument's position in ``args`` and its name in ``kwargs``.
@@ -108,6 +110,8 @@ class ArgSlots:
 
 GENERIC_SLOTS = ArgSlots(None)
 
+_plain_args = getattr(keyset._ext, "plain_args", None)
+
 _MISSING = object()
 
 
@@ -176,10 +180,16 @@ def extend_key(
     Raises:
         _BypassDispatchCache: an argument is NaN or has a ``.grad``.
     """
-    # This runs on every hit of a backend op. The common case (nonzero
-    # floats, at most one tensor, not a view, a leaf without grad) is decided
-    # here with no allocation; anything else takes the full pass.
-    if slots.generic or not slots.single_tensor:
+    # This runs on every hit of a backend op. The common case is decided by
+    # _C.plain_args in one walk (Note [The common case of the key extension]
+    # in csrc/keyparts.cpp), or without the extension here, with no
+    # allocation, for ops with one tensor argument; anything else takes the
+    # full pass.
+    if slots.generic:
+        return _extend_key(key, slots, state, args, kwargs)
+    if _plain_args is not None:
+        return key if _plain_args(args, kwargs) else _extend_key(key, slots, state, args, kwargs)
+    if not slots.single_tensor:
         return _extend_key(key, slots, state, args, kwargs)
     n = len(args)
     for i, name in slots.floats:

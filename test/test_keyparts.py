@@ -1,0 +1,158 @@
+# Owner(s): ["module: fakeTensor"]
+"""keyparts: the C++ test for the common case agrees with the full pass of the key extension."""
+
+from __future__ import annotations
+
+import math
+import random
+import unittest
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
+
+import torch_cachepolicy as tcp
+from torch_cachepolicy import keyparts
+
+HAS_CPP = keyparts._plain_args is not None
+KEY = _DispatchCacheKey(("op", 1))
+
+
+def _pool(mode: tcp.FakeTensorMode) -> dict[str, Callable[[], Any]]:
+    """Named argument makers; each call makes fresh tensors unless the name says shared."""
+    base = mode.from_tensor(torch.zeros(4, 4))
+    shared = mode.from_tensor(torch.zeros(3))
+    with_grad = mode.from_tensor(torch.zeros(2))
+    with_grad.grad = mode.from_tensor(torch.ones(2))
+    real_leaf = torch.zeros(2, requires_grad=True)
+    return {
+        "tensor": lambda: mode.from_tensor(torch.zeros(2, 3)),
+        "shared tensor": lambda: shared,
+        "view": lambda: base[1],
+        "view base": lambda: base,
+        "real non-leaf": lambda: real_leaf * 2,
+        "tensor with grad": lambda: with_grad,
+        "float": lambda: 0.5,
+        "zero": lambda: 0.0,
+        "negative zero": lambda: -0.0,
+        "nan": lambda: math.nan,
+        "inf": lambda: -math.inf,
+        "complex": lambda: complex(1.0, 2.0),
+        "complex negative zero": lambda: complex(1.0, -0.0),
+        "int": lambda: 3,
+        "bool": lambda: True,
+        "none": lambda: None,
+        "str": lambda: "same",
+        "dtype": lambda: torch.float16,
+        "size": lambda: torch.Size([2, 3]),
+    }
+
+
+def _full_pass_adds_nothing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether keyparts' full pass (every argument) leaves torch's key as it is."""
+    try:
+        out = keyparts._extend_key(KEY, keyparts.GENERIC_SLOTS, _CacheKeyState(None), args, kwargs)
+    except _BypassDispatchCache:
+        return False
+    return out is KEY
+
+
+@instantiate_parametrized_tests
+class TestPlainArgs(TestCase):
+    """_C.plain_args says True exactly when the full pass would add nothing."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.mode = tcp.FakeTensorMode()
+        self.pool = _pool(self.mode)
+
+    def assertAgrees(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """The C++ answer equals the full pass's; returns it."""
+        assert keyparts._plain_args is not None
+        expected = _full_pass_adds_nothing(args, kwargs)
+        self.assertEqual(keyparts._plain_args(args, kwargs), expected, f"{args!r} {kwargs!r}")
+        return expected
+
+    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    @parametrize(
+        "name,plain",
+        [
+            ("tensor", True),
+            ("view", False),
+            ("real non-leaf", False),
+            ("tensor with grad", False),
+            ("float", True),
+            ("zero", True),
+            ("negative zero", False),
+            ("nan", False),
+            ("inf", True),
+            ("complex", True),
+            ("complex negative zero", False),
+            ("int", True),
+            ("size", True),
+        ],
+    )
+    def test_single_value(self, name: str, plain: bool) -> None:
+        """Each kind of value alone, positional, nested in a list and as a dict value."""
+        make = self.pool[name]
+        for args, kwargs in (((make(),), {}), (([1, (make(),)],), {}), ((), {"x": {"k": make()}})):
+            self.assertEqual(self.assertAgrees(args, kwargs), plain)
+
+    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    def test_sharing(self) -> None:
+        """Two arguments on one storage (the same tensor, or a view and its base) are not plain."""
+        shared = self.pool["shared tensor"]
+        self.assertFalse(self.assertAgrees((shared(), shared()), {}))
+        self.assertFalse(self.assertAgrees((self.pool["view base"](), self.pool["view"]()), {}))
+        self.assertTrue(self.assertAgrees((self.pool["tensor"](), self.pool["tensor"]()), {}))
+        self.assertFalse(self.assertAgrees((shared(),), {"y": [shared()]}))
+
+    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    def test_random_argument_lists(self) -> None:
+        """600 random argument lists, nested in lists, tuples and dicts: the answers agree."""
+        rng = random.Random(0)
+        names = sorted(self.pool)
+
+        def value(depth: int) -> Any:
+            r = rng.random()
+            if depth < 2 and r < 0.15:
+                return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+            if depth < 2 and r < 0.25:
+                return tuple(value(depth + 1) for _ in range(rng.randint(0, 3)))
+            if depth < 2 and r < 0.3:
+                return {f"k{i}": value(depth + 1) for i in range(rng.randint(0, 2))}
+            return self.pool[rng.choice(names)]()
+
+        seen = {True: 0, False: 0}
+        for _ in range(600):
+            args = tuple(value(0) for _ in range(rng.randint(0, 4)))
+            kwargs = {f"a{i}": value(0) for i in range(rng.randint(0, 2))}
+            seen[self.assertAgrees(args, kwargs)] += 1
+        # Both answers occur, so the comparison is not vacuous.
+        self.assertGreater(seen[True], 50)
+        self.assertGreater(seen[False], 50)
+
+    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    def test_deep_nesting_goes_to_full_pass(self) -> None:
+        """Arguments nested deeper than the C++ walk follows go to the full pass."""
+        deep: Any = 1.0
+        for _ in range(40):
+            deep = [deep]
+        assert keyparts._plain_args is not None
+        self.assertFalse(keyparts._plain_args((deep,), {}))
+        self.assertTrue(_full_pass_adds_nothing((deep,), {}))
+
+    def test_extend_key_uses_answer(self) -> None:
+        """extend_key returns torch's key itself for plain arguments of a multi-tensor op."""
+        slots = keyparts.ArgSlots(torch.ops.aten.addmm.default)
+        t = self.pool["tensor"]
+        self.assertIs(keyparts.extend_key(KEY, slots, _CacheKeyState(None), (t(), t(), t()), {}), KEY)
+        shared = self.pool["shared tensor"]()
+        self.assertIsNot(keyparts.extend_key(KEY, slots, _CacheKeyState(None), (shared, shared, t()), {}), KEY)
+
+
+if __name__ == "__main__":
+    run_tests()
