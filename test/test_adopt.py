@@ -213,7 +213,7 @@ class TestAdoptValues(TestCase):
         self.assertIs(x_after.shape[0].node.expr, x_before.shape[0].node.expr)
 
     def test_settings_are_inherited(self) -> None:
-        """allow_non_fake_inputs, static_shapes, export and epoch come from the old mode; kwargs override."""
+        """allow_non_fake_inputs, static_shapes, export, epoch, unsafe data_ptr access come from the old mode."""
         ep = export_mlp()
         old = detect_fake_mode(placeholder_vals(ep.graph_module))
         old.epoch += 3
@@ -223,6 +223,8 @@ class TestAdoptValues(TestCase):
             (old.allow_non_fake_inputs, old.static_shapes, old.fake_tensor_converter.export, old.epoch),
         )
         self.assertTrue(mode.fake_tensor_converter.export)
+        # torch.export creates its mode with unsafe data_ptr access off, unlike torch's config default.
+        self.assertEqual((old._allow_unsafe_data_ptr_access, mode._allow_unsafe_data_ptr_access), (False, False))
         self.assertTrue(mode.cache_crosscheck_enabled)
         self.assertFalse(mode.allow_fallback_kernels)
 

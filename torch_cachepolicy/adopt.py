@@ -142,6 +142,9 @@ def adopt(
     # The epoch joins cache keys that hold symbols and dates unbacked memos;
     # the new mode continues the old mode's trace rather than starting over.
     new.epoch = old.epoch
+    # Read from torch's config by the constructor; torch.export creates its
+    # mode with it off, so data_ptr() on the program's values keeps raising.
+    new._allow_unsafe_data_ptr_access = old._allow_unsafe_data_ptr_access
     _move(sites, mode_refs, old, new)
     return new
 
