@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import collections
+import sys
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -211,7 +213,7 @@ class TestAdoptValues(TestCase):
         self.assertIs(x_after.shape[0].node.expr, x_before.shape[0].node.expr)
 
     def test_settings_are_inherited(self) -> None:
-        """allow_non_fake_inputs, static_shapes, export and epoch come from the old mode; kwargs override."""
+        """allow_non_fake_inputs, static_shapes, export, epoch, unsafe data_ptr access come from the old mode."""
         ep = export_mlp()
         old = detect_fake_mode(placeholder_vals(ep.graph_module))
         old.epoch += 3
@@ -221,6 +223,8 @@ class TestAdoptValues(TestCase):
             (old.allow_non_fake_inputs, old.static_shapes, old.fake_tensor_converter.export, old.epoch),
         )
         self.assertTrue(mode.fake_tensor_converter.export)
+        # torch.export creates its mode with unsafe data_ptr access off, unlike torch's config default.
+        self.assertEqual((old._allow_unsafe_data_ptr_access, mode._allow_unsafe_data_ptr_access), (False, False))
         self.assertTrue(mode.cache_crosscheck_enabled)
         self.assertFalse(mode.allow_fallback_kernels)
 
@@ -274,6 +278,43 @@ class TestAdoptValues(TestCase):
         self.assertIsInstance(new, TwoTensor)
         self.assertTrue(new.a.fake_mode is mode and new.b.fake_mode is mode)
         self.assertEqual(new.shape, (3, 4))
+
+
+class TestScan(TestCase):
+    def test_fakes_in_matches_pytree(self) -> None:
+        """adopt's walk of meta values finds exactly pytree's fake leaves, in pytree's order."""
+        from torch.fx.immutable_collections import immutable_dict, immutable_list
+        from torch.fx.passes.shape_prop import TensorMetadata
+
+        adopt_module = sys.modules["torch_cachepolicy.adopt"]  # the name `adopt` is the function
+        programs = [export_mlp(True), export_mlp(False), export(Branchy(), (torch.randn(6, 3),))]
+        values: list[object] = [
+            value
+            for ep in programs
+            for module in graph_modules(ep.graph_module)
+            for node in module.graph.nodes
+            for value in node.meta.values()
+        ]
+        mode = StockMode()
+        with mode:
+            a, b = torch.empty(2), torch.empty(3, 1)
+            pair = TwoTensor(torch.empty(2), torch.empty(2))
+        point = collections.namedtuple("point", ["x", "y"])
+        values += [
+            point(a, [b, 1]),
+            collections.OrderedDict(k=b, j=(a,)),
+            immutable_dict(k=immutable_list([a, "s", b])),
+            TensorMetadata(torch.Size([2]), torch.float, False, (1,), torch.contiguous_format, False, {"scale": a}),
+            {"x": [pair, (a, int)], "y": torch.Size([2, 3])},
+            [torch.empty(2), None, torch.float32, torch.device("cpu")],
+        ]
+        checked = 0
+        for value in values:
+            expected = [leaf for leaf in pytree.tree_leaves(value) if adopt_module._is_fake(leaf)]
+            found = adopt_module._fakes_in(value)
+            self.assertEqual([id(t) for t in found], [id(t) for t in expected], msg=repr(type(value)))
+            checked += bool(expected)
+        self.assertGreater(checked, 50)
 
 
 def fake_leaves_top(gm: torch.fx.GraphModule) -> Iterator[FakeTensor]:

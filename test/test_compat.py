@@ -70,6 +70,7 @@ def _init_without_crosscheck(self: Any, *, allow_fallback_kernels: bool = True, 
     self.cache_enabled = True
     self.fake_tensor_converter = None
     self.shape_env = shape_env
+    self._allow_unsafe_data_ptr_access = False
 
 
 @dataclasses.dataclass(frozen=True)

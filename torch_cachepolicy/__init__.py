@@ -15,6 +15,7 @@ from torch_cachepolicy._compat import check_torch_internals
 check_torch_internals()
 
 from torch_cachepolicy.adopt import adopt  # noqa: E402
+from torch_cachepolicy.export import export  # noqa: E402
 from torch_cachepolicy.mode import CrosscheckError, FakeTensorMode  # noqa: E402
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
 from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
@@ -31,4 +32,5 @@ __all__ = [
     "FakeTensorMode",
     "OpReport",
     "adopt",
+    "export",
 ]

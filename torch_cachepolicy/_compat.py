@@ -190,7 +190,14 @@ _INTERNALS: tuple[_Internal, ...] = (
         f"{_MODE}.__init__",
         params=("self",),
         keywords=("allow_fallback_kernels", "allow_non_fake_inputs", "shape_env", "static_shapes", "export"),
-        refers_to=("cache_enabled", "cache_crosscheck_enabled", "fake_tensor_converter", "shape_env"),
+        refers_to=(
+            "cache_enabled",
+            "cache_crosscheck_enabled",
+            "fake_tensor_converter",
+            "shape_env",
+            # export.py sets it as torch.export's make_fake_inputs has it set.
+            "_allow_unsafe_data_ptr_access",
+        ),
     ),
     _Internal(_FT, f"{_MODE}.dispatch", params=_DISPATCH, overridden=True),
     # Our entries for stock ops go where stock puts them: the class-global
@@ -295,6 +302,15 @@ _INTERNALS: tuple[_Internal, ...] = (
         ),
     ),
     _Internal(_FT, "extract_tensor_metadata", params=("t",)),
+    # export.py: torch.export.export traces under the fake mode of an active
+    # TracingContext (make_fake_inputs); its check of lifted fake constants
+    # is re-run on the result (Note [Exporting under a TracingContext]).
+    _Internal("torch._guards", "TracingContext", params=("fake_mode",)),
+    _Internal("torch._guards", "TracingContext.try_get", params=()),
+    _Internal("torch._guards", "tracing", params=("context",)),
+    _Internal("torch._guards", "detect_fake_mode", params=("inputs",)),
+    _Internal("torch.export._trace", "_is_bogus_const_name", params=("name",)),
+    _Internal("torch._export.config", "error_on_lifted_constant_tensors", check=_is_type(bool)),
     # Higher-order operators.
     _Internal("torch._higher_order_ops.utils", "registered_hop_fake_fns", check=_is_type(Mapping)),
     _Internal("torch._higher_order_ops.utils", "redirect_to_mode", params=("hop", "mode"), check=_check_redirect_to_mode),

@@ -23,6 +23,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
+from torch.fx.immutable_collections import immutable_dict, immutable_list
+from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torch_cachepolicy._compat import is_fake_tensor
@@ -140,6 +142,9 @@ def adopt(
     # The epoch joins cache keys that hold symbols and dates unbacked memos;
     # the new mode continues the old mode's trace rather than starting over.
     new.epoch = old.epoch
+    # Read from torch's config by the constructor; torch.export creates its
+    # mode with it off, so data_ptr() on the program's values keeps raising.
+    new._allow_unsafe_data_ptr_access = old._allow_unsafe_data_ptr_access
     _move(sites, mode_refs, old, new)
     return new
 
@@ -197,11 +202,41 @@ def _scan(gm: torch.fx.GraphModule) -> tuple[list[tuple[_Site, list[torch.Tensor
 
 
 def _fakes_in(value: object) -> list[torch.Tensor]:
-    # Most meta values are strings, ints or small tuples of them; skip the
-    # pytree walk for the obvious ones.
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return []
-    return [leaf for leaf in pytree.tree_leaves(value) if _is_fake(leaf)]
+    """The fake leaves pytree finds in ``value``, in pytree's order."""
+    out: list[torch.Tensor] = []
+    _collect_fakes(value, out)
+    return out
+
+
+# Types that never hold a fake value.
+_ATOMS = frozenset({type(None), str, int, float, bool, torch.dtype, torch.device, torch.layout, torch.Size})
+# Exact types whose pytree children are their items (values, for mappings),
+# in iteration order. TensorMetadata is the NamedTuple of meta["tensor_meta"].
+_SEQUENCES = frozenset({tuple, list, immutable_list, TensorMetadata})
+_MAPPINGS = frozenset({dict, immutable_dict})
+
+
+def _collect_fakes(value: object, out: list[torch.Tensor]) -> None:
+    # Most meta values are a tensor, or strings, ints, types and plain
+    # tuples, lists and dicts of them (nn_module_stack, source_fn_stack,
+    # stack_trace, tensor_meta, ...). Walking those directly visits the leaves pytree
+    # would, in the same order, at a fraction of pytree's cost per node;
+    # any other container (namedtuple, OrderedDict, registered classes) is
+    # left to pytree, as before.
+    kind = type(value)
+    if kind in _ATOMS or isinstance(value, type):
+        return
+    if kind in _SEQUENCES:
+        for item in value:  # type: ignore[attr-defined]
+            _collect_fakes(item, out)
+    elif kind in _MAPPINGS:
+        for item in value.values():  # type: ignore[attr-defined]
+            _collect_fakes(item, out)
+    elif isinstance(value, torch.Tensor):  # a pytree leaf
+        if _is_fake(value):
+            out.append(value)
+    else:
+        out.extend(leaf for leaf in pytree.tree_leaves(value) if _is_fake(leaf))
 
 
 def _single_mode(
@@ -323,16 +358,22 @@ def _move(
     # the new mode's cache off, rebuilding a view leaves no entry and no
     # statistic behind: cache_report() starts empty.
     with _ft.unset_fake_temporarily(), _ft.disable_fake_tensor_cache(new):
-        replaced = [
-            (site, pytree.tree_map_only(_is_fake, twin(site.where), site.meta[site.key]))
-            for site, _ in sites
-        ]
+        replaced = [(site, _replace(site.meta[site.key], twin(site.where))) for site, _ in sites]
     _check_twins(made)
     for site, value in replaced:
         site.meta[site.key] = value
     for site in mode_refs:
         if site.meta[site.key] is old:
             site.meta[site.key] = new
+
+
+def _replace(value: object, convert: Callable[[torch.Tensor], torch.Tensor]) -> object:
+    # Most sites hold one value (meta["val"]); a tensor is a pytree leaf, so
+    # converting it directly is what tree_map_only would do, without the
+    # flatten/unflatten round trip.
+    if isinstance(value, torch.Tensor):
+        return convert(value)
+    return pytree.tree_map_only(_is_fake, convert, value)
 
 
 def _check_twins(made: list[tuple[torch.Tensor, torch.Tensor, str]]) -> None:

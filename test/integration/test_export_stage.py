@@ -1,0 +1,56 @@
+# Owner(s): ["module: fakeTensor"]
+"""torch_cachepolicy.export in ExecuTorch's Ethos-U55 pt2e flow (benchmarks/export_stage.py).
+
+Needs ExecuTorch: ``make test-executorch`` installs it (``pip install
+--no-deps -r requirements-executorch.txt``) and runs this file.
+"""
+
+from __future__ import annotations
+
+import unittest
+from typing import Any, ClassVar
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_cachepolicy as tcp
+from benchmarks import executorch_flow, export_stage
+from torch_cachepolicy.recipes.executorch import executorch_policy
+
+HAS_EXECUTORCH = executorch_flow.executorch_version() == executorch_flow.EXECUTORCH_VERSION
+
+
+@unittest.skipUnless(HAS_EXECUTORCH, "ExecuTorch 1.5.1 is not installed: make test-executorch installs it")
+class TestExportStage(TestCase):
+    flows: ClassVar[dict[str, dict[str, Any]]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        policy = executorch_policy()
+        cls.flows = {config: export_stage.pt2e_flow(config, policy=policy) for config in export_stage.CONFIGS}
+
+    def test_same_quantized_program(self) -> None:
+        """The re-exported quantized program has stock's graph code and belongs to a policy mode."""
+        self.assertEqual(self.flows["policy"]["code"], self.flows["stock"]["code"])
+        self.assertIn("quantized_decomposed", self.flows["stock"]["code"])
+        self.assertIsInstance(executorch_flow.program_mode(self.flows["policy"]["program"]), tcp.FakeTensorMode)
+        self.assertNotIsInstance(executorch_flow.program_mode(self.flows["stock"]["program"]), tcp.FakeTensorMode)
+
+    def test_re_export_caches_backend_ops(self) -> None:
+        """The re-export dispatches quantized_decomposed ops through the policy mode, and some hit."""
+        hits, misses, _ = self.flows["policy"]["re-export namespaces"]["quantized_decomposed"]
+        self.assertGreater(misses, 0)
+        self.assertGreater(hits, 0)
+
+    def test_adopt_cost_measures_every_value(self) -> None:
+        """adopt_cost converts as many values as adopt moves, and leaves the program adopted."""
+        program = export_stage.pt2e_flow("stock")["program"]
+        cost = export_stage.adopt_cost(program, executorch_policy())
+        self.assertGreater(cost["values"], 50)
+        self.assertIsInstance(executorch_flow.program_mode(program), tcp.FakeTensorMode)
+        self.assertGreater(cost["adopt_cpu"], 0)
+        self.assertGreater(cost["floor_cpu"], 0)
+
+
+if __name__ == "__main__":
+    run_tests()
