@@ -899,6 +899,51 @@ def _make(kind: str) -> Any:
     return StockMode() if kind == "stock" else tcp.FakeTensorMode()
 
 
+class TestDirectHitPath(CachePolicyTestCase):
+    """Note [Entering the hit path directly]: stock's dispatch preamble is skipped only when it would do nothing."""
+
+    def calls_through_stock_dispatch(self, calls: int) -> int:
+        """How many of ``calls`` relu dispatches went through stock FakeTensorMode.dispatch."""
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+        x = mode.from_tensor(torch.zeros(3, 5))
+        with mock.patch.object(StockMode, "dispatch", autospec=True, side_effect=StockMode.dispatch) as stock:
+            with mode:
+                for _ in range(calls):
+                    torch.ops.aten.relu.default(x)
+        self.assertHitsMisses(mode, calls - 1, 1)
+        return sum(1 for c in stock.call_args_list if c.args[1] is torch.ops.aten.relu.default)
+
+    def test_supported_torch_takes_it(self) -> None:
+        """On the supported torch releases stock's dispatch uses exactly the expected names."""
+        self.assertTrue(mode_module._DIRECT_HIT_PATH)
+
+    def test_routed_op_skips_stock_dispatch(self) -> None:
+        """Only the first call of an op goes through stock dispatch; the hits after it do not."""
+        self.assertEqual(self.calls_through_stock_dispatch(4), 1)
+
+    def test_changed_stock_dispatch_keeps_stock_path(self) -> None:
+        """A torch whose dispatch does something else (other names) gets every call."""
+        with mock.patch.object(mode_module, "_DIRECT_HIT_PATH", False):
+            self.assertEqual(self.calls_through_stock_dispatch(4), 4)
+
+    def test_debug_logging_keeps_stock_path(self) -> None:
+        """With FakeTensor DEBUG logging on, every call goes through stock dispatch, which logs it."""
+        with self.assertLogs("torch._subclasses.fake_tensor", level="DEBUG") as logs:
+            self.assertEqual(self.calls_through_stock_dispatch(3), 3)
+        self.assertEqual(sum("__torch_dispatch__: aten.relu.default" in line for line in logs.output), 3)
+
+    def test_directly_handled_op_keeps_stock_path(self) -> None:
+        """An op stock serves itself (a table entry added at runtime) is never sent to the cache."""
+        op = torch.ops.aten.relu.default
+        with mock.patch.dict(mode_module._HANDLE_DIRECTLY, {op: None}):
+            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            mode._routes[op] = mode._route(op)  # as if routed before the table changed
+            x = mode.from_tensor(torch.zeros(3, 5))
+            with mode:
+                torch.ops.aten.relu.default(x)
+            self.assertEqual(mode.cache_info().hits + mode.cache_info().misses, 0)
+
+
 class TestDropIn(TestCase):
     """Cache tests ported from PyTorch's FakeTensorDispatchCache, run against
     stock and against the subclass with the default policy."""

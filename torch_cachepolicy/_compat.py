@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -200,6 +201,11 @@ _INTERNALS: tuple[_Internal, ...] = (
         ),
     ),
     _Internal(_FT, f"{_MODE}.dispatch", params=_DISPATCH, overridden=True),
+    # Note [Entering the hit path directly] (mode.py) reads stock dispatch's
+    # tables and logger; it compares dispatch's code names itself.
+    _Internal(_FT, "_DISPATCH_META_HANDLERS", check=_is_type(dict)),
+    _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", check=_is_type(Mapping)),
+    _Internal(_FT, "log", check=_is_type(logging.Logger)),
     # Our entries for stock ops go where stock puts them: the class-global
     # `cache`, or `shape_env.fake_tensor_cache` for keys holding symbols.
     _Internal(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -57,6 +58,39 @@ _STOCK_SUB = ("stock",)
 _RUNS_EXCLUDED = "its kernel dispatches an op the policy denies"
 _NO_RULES: Mapping[object, Any] = {}
 _NO_KWARGS: Mapping[str, object] = {}
+
+# Note [Entering the hit path directly]
+# Stock FakeTensorMode.dispatch, before it calls _cached_dispatch_impl, logs
+# the call at DEBUG (formatting it under no_dispatch(), which costs a context
+# manager even when nothing is logged) and serves the ops of two tables
+# (_DISPATCH_META_HANDLERS, _DISPATCH_HANDLE_DIRECTLY) itself. For an op this
+# mode has routed before (so it reached _cached_dispatch_impl once), with the
+# two tables still not holding it and DEBUG logging off, our dispatch calls
+# _cached_dispatch_impl itself: exactly what stock's would do, minus a no-op.
+# Only while stock's dispatch uses these names and no others (read from its
+# code, so a torch that adds a step to it turns the shortcut off).
+_STOCK_DISPATCH_NAMES = frozenset(
+    {
+        "DEBUG",
+        "IncrementRecursionCount",
+        "RECURSION_COUNT",
+        "_DISPATCH_HANDLE_DIRECTLY",
+        "_DISPATCH_META_HANDLERS",
+        "_cached_dispatch_impl",
+        "_dispatch_impl",
+        "cache_enabled",
+        "debug",
+        "getEffectiveLevel",
+        "in_kernel_invocation_manager",
+        "log",
+        "logging",
+        "no_dispatch",
+    }
+)
+_DIRECT_HIT_PATH = frozenset(_StockMode.dispatch.__code__.co_names) == _STOCK_DISPATCH_NAMES
+_META_HANDLERS = _ft._DISPATCH_META_HANDLERS
+_HANDLE_DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
+_FT_LOG = _ft.log
 
 
 class CrosscheckError(RuntimeError):
@@ -270,6 +304,16 @@ class FakeTensorMode(_StockMode):
                 # depends on it all the same (Note [Entries cover inner ops]).
                 self._record_rule(func)
             return handler(self, *args, **(kwargs or {}))
+        if (
+            func in self._routes
+            and _DIRECT_HIT_PATH
+            and self.cache_enabled
+            and func not in _META_HANDLERS
+            and func not in _HANDLE_DIRECTLY
+            and not _FT_LOG.isEnabledFor(logging.DEBUG)
+        ):
+            # See Note [Entering the hit path directly].
+            return self._cached_dispatch_impl(func, types, args, kwargs or {})
         return super().dispatch(func, types, args, kwargs)
 
     @override
