@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -124,8 +124,13 @@ def _kind(mode: object) -> str:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[DispatchCensus]:
-    """Records every FakeTensorMode construction and fake dispatch in this scope."""
+def recording(probe: Callable[[Any], None] | None = None) -> Iterator[DispatchCensus]:
+    """Records every FakeTensorMode construction and fake dispatch in this scope.
+
+    Args:
+        probe: called with the operator before each fake dispatch (tests use
+            it to sample global state from inside the dispatch).
+    """
     census = DispatchCensus()
     local = threading.local()
     real_init = _ft.FakeTensorMode.__init__
@@ -139,6 +144,8 @@ def recording() -> Iterator[DispatchCensus]:
         real_init(self, *args, **kwargs)
 
     def torch_dispatch(self: _ft.FakeTensorMode, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if probe is not None:
+            probe(func)
         namespace = getattr(func, "namespace", "(hop)")
         key = (census.phase, _kind(self), namespace)
         tally = census.tallies.get(key)
