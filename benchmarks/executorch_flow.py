@@ -734,12 +734,14 @@ def census_pipeline(
         policy: the policy; ``None`` means :func:`executorch_policy`.
 
     Returns:
-        ``{"phase_seconds", "rows", "modes", "adopted_report", "lowering"}``:
-        wall seconds per phase (with the recorder's overhead), the recorder's
+        ``{"phase_seconds", "phase_cpu_seconds", "rows", "modes",
+        "adopted_report", "adopted_non_builtin", "lowering"}``: wall and CPU
+        seconds per phase (with the recorder's overhead), the recorder's
         cells (:meth:`benchmarks.dispatch_recorder.DispatchCensus.rows`), the
         modes constructed (kind, creation site, phase, dispatches), the adopted
-        mode's hits / misses / bypasses per namespace (policy only) and the
-        :class:`Lowering`'s outputs (payloads, graph code, constants).
+        mode's hits / misses / bypasses per namespace and its backend
+        "non-builtin" bypasses (policy only), and digests of the lowering's
+        outputs (payloads, graph code, constants).
     """
     from benchmarks.dispatch_recorder import recording
     from benchmarks.global_patch import global_patch
@@ -750,6 +752,7 @@ def census_pipeline(
         raise ValueError(f"census_pipeline(...): config must be one of {CENSUS_CONFIGS}, got {config!r}")
     policy = policy or executorch_policy()
     seconds: dict[str, float] = {}
+    cpu_seconds: dict[str, float] = {}
     scope: contextlib.AbstractContextManager[Any] = (
         global_patch(EXECUTORCH_NAMESPACES) if config == "global-patch" else contextlib.nullcontext()
     )
@@ -758,10 +761,11 @@ def census_pipeline(
 
         @contextlib.contextmanager
         def phase(name: str) -> Iterator[None]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             with rec.in_phase(name):
                 yield
             seconds[name] = time.perf_counter() - start
+            cpu_seconds[name] = time.process_time() - cpu_start
 
         with phase("quantize"):
             factory = quantized_program_factory(flow=spec, model=model, policy=policy if config == "policy" else None)
@@ -775,6 +779,7 @@ def census_pipeline(
     gm = lowered.graph_module
     return {
         "phase_seconds": seconds,
+        "phase_cpu_seconds": cpu_seconds,
         "rows": rec.rows(),
         "modes": [vars(m) for m in rec.modes],
         "adopted_report": (
@@ -879,9 +884,10 @@ def census(
             "runs": runs,
             "backend_share": {
                 "lower_seconds": lower_s,
-                "lower_cpu_seconds": None,
+                "lower_cpu_seconds": stock["phase_cpu_seconds"]["lower"],
                 "backend_outer_seconds": backend_disp["outer_seconds"],
                 "backend_share_wall": backend_disp["outer_seconds"] / lower_s,
+                "backend_share_cpu": backend_disp["outer_cpu_seconds"] / stock["phase_cpu_seconds"]["lower"],
                 "all_fake_dispatch_share_wall": all_disp["outer_seconds"] / lower_s,
                 "backend_outer_calls": int(backend_disp["outer_calls"]),
             },
@@ -956,8 +962,9 @@ def render_census(results: dict[str, Any]) -> str:
             f"### {name}",
             "",
             f"stock lowering: {share['lower_seconds']:.3f} s wall; outermost fake dispatch of backend ops "
-            f"{share['backend_outer_seconds']:.3f} s ({share['backend_share_wall']:.1%}; "
-            f"{share['backend_outer_calls']} calls), all fake dispatch {share['all_fake_dispatch_share_wall']:.1%}",
+            f"{share['backend_outer_seconds']:.3f} s ({share['backend_share_wall']:.1%} of wall, "
+            f"{share['backend_share_cpu']:.1%} of CPU; {share['backend_outer_calls']} calls), "
+            f"all fake dispatch {share['all_fake_dispatch_share_wall']:.1%} of wall",
             "",
             "backend non-builtin bypasses in the lowering: "
             + ", ".join(f"{c} {n}" for c, n in flow["non_builtin"].items())
