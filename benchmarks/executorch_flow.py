@@ -599,15 +599,20 @@ def _check_runnable(repeats: int = 1) -> None:
 
 
 def _run_flow(
-    flow: Flow, model: str, repeats: int, policy: tcp.CachePolicy, progress: Callable[[str], None] | None
+    flow: Flow,
+    model: str,
+    repeats: int,
+    policy: tcp.CachePolicy,
+    progress: Callable[[str], None] | None,
+    order: Sequence[str] = CONFIGS,
 ) -> dict[str, Any]:
     fresh_program = quantized_program_factory(flow=flow, model=model)
-    series: dict[str, list[Lowering]] = {c: [] for c in CONFIGS}
+    series: dict[str, list[Lowering]] = {c: [] for c in order}
     reference: Lowering | None = None
     identical = {"delegate_payloads": True, "graph_code": True, "constants": True}
     policy_cache: dict[str, list[int]] = {}
     for round_ in range(-1, repeats):
-        for config in CONFIGS:
+        for config in order:
             result = lower(fresh_program(), config, flow=flow, policy=policy)
             if reference is None:
                 reference = result
@@ -643,6 +648,7 @@ def _run_flow(
             "cpu": _median_ratio(configs[num]["cpu_seconds"], configs[den]["cpu_seconds"]),
         }
         for name, num, den in RATIOS
+        if num in configs and den in configs
     }
     return {
         "title": flow.title,
@@ -659,18 +665,21 @@ def run(
     *,
     flows: Sequence[str] = ("ethos-u55",),
     model: str = "tiny",
+    configs: Sequence[str] = CONFIGS,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Times each flow's lowering under every configuration, interleaved.
 
     Flows run one after the other; within a flow, rounds run every
-    configuration of :data:`CONFIGS` once, in that order, after one discarded
+    configuration once, in the order of :data:`CONFIGS`, after one discarded
     warm-up round.
 
     Args:
         repeats: measured rounds per flow.
         flows: names of :data:`FLOWS`.
         model: a name of :data:`MODELS`.
+        configs: the configurations to run (a subset of :data:`CONFIGS`);
+            ratios are reported for the pairs both present.
         progress: called with a line per lowering (e.g. ``print``).
 
     Returns:
@@ -688,6 +697,10 @@ def run(
         ValueError: ``repeats`` is not positive, or an unknown flow or model.
     """
     _check_runnable(repeats)
+    unknown = set(configs) - set(CONFIGS)
+    if unknown or not configs:
+        raise ValueError(f"run(configs=...): expected a non-empty subset of {CONFIGS}, got {list(configs)}")
+    order = [c for c in CONFIGS if c in configs]
     specs = [get_flow(name) for name in flows]
     _, _, description = build_model(model)
     policy = executorch_policy()
@@ -697,14 +710,14 @@ def run(
         "settings": {
             "repeats": repeats,
             "warmup_rounds": 1,
-            "order": list(CONFIGS),
+            "order": order,
             "ethos_u_target": ETHOS_U_TARGET,
             "namespaces": list(EXECUTORCH_NAMESPACES),
             "model": model,
             "model_description": description,
             "flows": [f.name for f in specs],
         },
-        "flows": {spec.name: _run_flow(spec, model, repeats, policy, progress) for spec in specs},
+        "flows": {spec.name: _run_flow(spec, model, repeats, policy, progress, order) for spec in specs},
     }
 
 
@@ -923,7 +936,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "| config | median wall s | median CPU s | setup ms | hits | misses |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
-        for config in CONFIGS:
+        for config in configs:
             c = configs[config]
             lines.append(
                 f"| {config} | {c['median_seconds']:.3f} | {c['median_cpu_seconds']:.3f} | "
@@ -935,8 +948,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "| ratio | wall (median of rounds) | CPU (median of rounds) | wall (of medians) | CPU (of medians) |",
             "| --- | --- | --- | --- | --- |",
         ]
-        for ratio, _, _ in RATIOS:
-            r = flow["ratios"][ratio]
+        for ratio, r in flow["ratios"].items():
             lines.append(
                 f"| {ratio} | {r['wall']['median']:.3f} | {r['cpu']['median']:.3f} | "
                 f"{r['wall']['of_medians']:.3f} | {r['cpu']['of_medians']:.3f} |"
@@ -993,6 +1005,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flow", choices=[*FLOWS, "all"], default="ethos-u55", help="default ethos-u55")
     parser.add_argument("--model", choices=MODELS, default="tiny", help="default tiny")
     parser.add_argument("--repeats", type=int, default=5, help="measured rounds per flow (default 5; 0: no timing)")
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated subset of {','.join(CONFIGS)} (default: all)",
+    )
     parser.add_argument("--census", action="store_true", help="also count dispatches on unreached modes")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -1001,7 +1018,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {}
     ok = True
     if args.repeats:
-        results = run(args.repeats, flows=flows, model=args.model, progress=progress)
+        configs = [c for c in args.configs.split(",") if c]
+        results = run(args.repeats, flows=flows, model=args.model, configs=configs, progress=progress)
         print(render_markdown(results))
         ok = all(all(f["identical"].values()) for f in results["flows"].values())
     if args.census:
