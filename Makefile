@@ -28,7 +28,7 @@ TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_
 	test/test_upstream_patch.py
 
 .PHONY: install bench bench-full lint test test-fallback test-main test-wheel test-executorch test-torch214 \
-	clean clean-venvs
+	bench-executorch bench-executorch-large clean clean-venvs
 
 $(PYTHON):
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
@@ -64,11 +64,24 @@ test-main: install
 test-wheel: install
 	TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1 $(PYTHON) -m pytest -q test/test_packaging.py
 
-# ExecuTorch 1.5.1 (Arm Ethos-U55 flow) as a real client. --no-deps: its own
+# ExecuTorch 1.5.1 (Ethos-U55, Cortex-M and XNNPACK flows) as a real client. --no-deps: its own
 # requirements would replace the pinned torch.
 test-executorch: install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	$(PYTHON) -m pytest -q test/integration
+
+# ExecuTorch lowering, stock vs global patch vs policy: the three flows on the tiny
+# model (a few minutes), and Ethos-U55 on the large model (about 1 minute per round).
+bench-executorch: install
+	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
+	mkdir -p bench-results
+	$(PYTHON) -m benchmarks.executorch_flow --flow all --census --json bench-results/executorch-tiny.json
+
+bench-executorch-large: install
+	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
+	mkdir -p bench-results
+	$(PYTHON) -m benchmarks.executorch_flow --flow ethos-u55 --model large --census \
+		--json bench-results/executorch-large.json
 
 # torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
 # The package is installed editable from a copy of the tree, so its _C is built

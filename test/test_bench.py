@@ -291,6 +291,93 @@ class TestTargetVerdicts(TestCase):
         self.assertEqual(rc, EXIT_TARGETS)
 
 
+class TestDispatchRecorder(TestCase):
+    """benchmarks/dispatch_recorder.py, the test-only census the ExecuTorch tier relies on."""
+
+    def _dispatch_twice(self, mode: _ft.FakeTensorMode) -> None:
+        """One quantize_per_tensor (a backend op) twice and one aten add, under ``mode``."""
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines quantized_decomposed)
+
+        with mode:
+            x = torch.empty(4)
+            for _ in range(2):
+                torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+            torch.add(x, x)
+
+    def test_attributes_dispatches_to_mode_kind_and_namespace(self) -> None:
+        """Dispatches are counted per phase, mode kind and namespace; modes are listed with their phase."""
+        from benchmarks.dispatch_recorder import recording
+
+        with recording() as census:
+            with census.in_phase("a"):
+                self._dispatch_twice(_ft.FakeTensorMode())
+            with census.in_phase("b"):
+                self._dispatch_twice(
+                    tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"]))
+                )
+        self.assertEqual(census.total(phase="a", kind="stock", namespaces={"quantized_decomposed"}).calls, 2)
+        self.assertEqual(census.total(phase="b", kind="policy", namespaces={"quantized_decomposed"}).calls, 2)
+        self.assertEqual(census.total(phase="b", kind="stock").calls, 0)
+        self.assertGreater(census.total(phase="a", kind="stock", namespaces={"aten"}).outer_calls, 0)
+        self.assertEqual([(m.kind, m.phase) for m in census.modes], [("stock", "a"), ("policy", "b")])
+        self.assertEqual(census.modes[0].calls, census.total(phase="a").calls)
+
+    def test_counts_stock_non_builtin_bypasses(self) -> None:
+        """A stock mode's "non-builtin" bypasses are attributed to the backend op; a policy mode's are not counted."""
+        from benchmarks.dispatch_recorder import recording
+
+        with recording() as census:
+            self._dispatch_twice(_ft.FakeTensorMode())
+            self._dispatch_twice(tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"])))
+        self.assertEqual(census.total(kind="stock", namespaces={"quantized_decomposed"}).non_builtin, 2)
+        self.assertEqual(census.total(kind="stock", namespaces={"aten"}).non_builtin, 0)
+        self.assertEqual(census.total(kind="policy").non_builtin, 0)
+
+    def test_restores_torch(self) -> None:
+        """FakeTensorMode's __init__ and __torch_dispatch__ are torch's own again after the scope."""
+        from benchmarks.dispatch_recorder import recording
+
+        init, dispatch = _ft.FakeTensorMode.__init__, _ft.FakeTensorMode.__torch_dispatch__
+        with recording():
+            self.assertIsNot(_ft.FakeTensorMode.__init__, init)
+        self.assertIs(_ft.FakeTensorMode.__init__, init)
+        self.assertIs(_ft.FakeTensorMode.__torch_dispatch__, dispatch)
+
+
+class TestExecutorchFlowModule(TestCase):
+    """benchmarks/executorch_flow.py imports and builds its models without ExecuTorch."""
+
+    def test_models_run(self) -> None:
+        """Both models run on their example input and give 10 logits."""
+        from benchmarks import executorch_flow as flow
+
+        for name in flow.MODELS:
+            model, example, description = flow.build_model(name)
+            self.assertEqual(tuple(model(*example).shape), (1, 10), name)
+            self.assertTrue(description)
+
+    def test_large_model_is_larger(self) -> None:
+        """The large model has many more convolutions than the tiny one."""
+        from benchmarks import executorch_flow as flow
+
+        def convs(name: str) -> int:
+            return sum(isinstance(m, torch.nn.Conv2d) for m in flow.build_model(name)[0].modules())
+
+        self.assertEqual(convs("tiny"), 2)
+        self.assertGreaterEqual(convs("large"), 20)
+
+    def test_flows_and_errors(self) -> None:
+        """FLOWS names the three flows; unknown flows and models are rejected."""
+        from benchmarks import executorch_flow as flow
+
+        self.assertEqual(sorted(flow.FLOWS), ["cortex-m", "ethos-u55", "xnnpack"])
+        self.assertIs(flow.get_flow("xnnpack"), flow.FLOWS["xnnpack"])
+        with self.assertRaisesRegex(ValueError, "unknown flow"):
+            flow.get_flow("hexagon")
+        with self.assertRaisesRegex(ValueError, "model must be one of"):
+            flow.build_model("huge")
+
+
 instantiate_parametrized_tests(TestBenchReplays)
 instantiate_parametrized_tests(TestGlobalPatchBaseline)
 instantiate_parametrized_tests(TestTargetVerdicts)
