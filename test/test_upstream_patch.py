@@ -264,7 +264,8 @@ class TestSeriesBehaviour(_Supported):
         got = {k: v for k, v in result.items() if k.startswith(cls_name + ".")}
         self.assertEqual(sorted(got), sorted(expected))
         failed = {k: v for k, v in got.items() if v != "ok"}
-        self.assertEqual(failed, {}, msg="\n".join(failed.values()))
+        if failed:
+            self.fail("\n".join(f"{k}:\n{v}" for k, v in failed.items()))
 
     def series_result(self) -> dict[str, str]:
         cls = type(self)
