@@ -1,20 +1,23 @@
 # Owner(s): ["module: fakeTensor"]
-"""docs/upstream/fake_tensor_cache_policy.patch applies to the installed torch and works.
+"""The patch series in docs/upstream/ applies to the installed torch and works.
 
-The patch is applied to copies of the installed files in a temporary tree laid
-out like site-packages; a subprocess (test/upstream_patch_probe.py) then
-imports torch with those copies loaded in place of torch._subclasses.fake_tensor
-and torch._ops and runs every scenario. The installed torch is never written to.
+Every patch is applied to copies of the installed files in a temporary tree
+laid out like site-packages: alone, and as the series, in order. A subprocess
+(test/upstream_patch_probe.py) then imports torch with those copies loaded in
+place of the installed modules and runs each patch's TestCase. The installed
+torch is never written to.
 
-One patch serves every supported torch: it is made against ``PATCH_BASE``
-(2.13.0), where it applies exactly; on 2.14.1 every hunk's context is
-unchanged and only its line numbers moved, so ``patch --fuzz=0`` and
-``git apply`` apply it with offsets and without fuzz.
+The series is made against ``PATCH_BASE`` (2.13.0), where every patch applies
+exactly; on 2.14.1 every hunk's context is unchanged and only line numbers
+moved, so ``patch --fuzz=0`` and ``git apply`` apply them with offsets and
+without fuzz.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib
 import json
 import os
 import pathlib
@@ -33,12 +36,30 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 from torch_cachepolicy import _compat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PATCH = ROOT / "docs" / "upstream" / "fake_tensor_cache_policy.patch"
+UPSTREAM = ROOT / "docs" / "upstream"
 PROBE = pathlib.Path(__file__).resolve().parent / "upstream_patch_probe.py"
 SITE = pathlib.Path(torch.__file__).resolve().parent.parent
-TOUCHED = ("torch/_subclasses/fake_tensor.py", "torch/_ops.py")
-PATCH_BASE = "2.13.0"  # the release whose line numbers the patch carries
+PATCH_BASE = "2.13.0"  # the release whose line numbers the series carries
 TORCH_VERSION = str(torch.__version__).split("+")[0]
+
+# The series, in order: patch file -> (files it touches, its TestCase in the probe, independent of the others).
+SERIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
+    "0001-fake-tensor-cache-clear-on-subclass.patch": (
+        ("torch/_subclasses/fake_tensor.py",),
+        "TestCacheClearOnSubclass",
+        True,
+    ),
+    "0002-hop-python-key-rule-along-mro.patch": (("torch/_ops.py",), "TestHopRuleAlongMro", True),
+    "0003-fake-tensor-cache-policy.patch": (
+        ("torch/_subclasses/fake_tensor.py", "torch/library.py"),
+        "TestCachePolicy",
+        True,
+    ),
+}
+# Tests that guard what a patch must keep, so they pass on unpatched torch too.
+KEEPS_TODAY = {"TestHopRuleAlongMro.test_exact_type_rule_wins"}
+TOUCHED = ("torch/_subclasses/fake_tensor.py", "torch/_ops.py", "torch/library.py")
+MODULES = {rel: rel[: -len(".py")].replace("/", ".") for rel in TOUCHED}
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -54,18 +75,21 @@ def copy_installed(dest: pathlib.Path) -> None:
         shutil.copyfile(SITE / rel, dest / rel)
 
 
-def apply_patch(tree: pathlib.Path, *, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
-    """Applies the patch to ``tree`` with patch(1), or with git apply when patch is missing.
+def apply_patch(
+    tree: pathlib.Path, patch: str, *, dry_run: bool = False, git: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Applies ``docs/upstream/<patch>`` to ``tree`` with patch(1) (or git apply).
 
     Every context line must match (``--fuzz=0``; git apply never fuzzes);
-    hunks may move (offsets), which is how one patch serves 2.13 and 2.14.
+    hunks may move (offsets), which is how one series serves 2.13 and 2.14.
     """
-    if shutil.which("patch"):
-        cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(PATCH)]
+    path = str(UPSTREAM / patch)
+    if shutil.which("patch") and not git:
+        cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", path]
         if dry_run:
             cmd.insert(1, "--dry-run")
     elif shutil.which("git"):
-        cmd = ["git", "apply", "--check" if dry_run else "--verbose", str(PATCH)]
+        cmd = ["git", "apply", "--check" if dry_run else "--verbose", path]
     else:
         raise unittest.SkipTest("neither patch nor git is installed")
     # Keep git from finding a repository above the temporary tree (it would
@@ -74,12 +98,23 @@ def apply_patch(tree: pathlib.Path, *, dry_run: bool = False) -> subprocess.Comp
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=120)
 
 
-def run_probe(command: str, tree: pathlib.Path | None, marker: str) -> Any:
-    """Runs ``upstream_patch_probe.py command`` in a fresh interpreter (patched modules when ``tree`` is set)."""
+def patched_tree(parent: pathlib.Path, patches: list[str]) -> pathlib.Path:
+    """Copies the installed files under ``parent`` and applies ``patches`` in order."""
+    tree = parent / "site-packages"
+    copy_installed(tree)
+    for patch in patches:
+        proc = apply_patch(tree, patch)
+        if proc.returncode != 0:
+            raise AssertionError(f"{patch} does not apply:\n{proc.stdout}\n{proc.stderr}")
+    return tree
+
+
+def run_probe(args: list[str], tree: pathlib.Path | None, marker: str) -> Any:
+    """Runs ``upstream_patch_probe.py *args`` in a fresh interpreter (patched modules when ``tree`` is set)."""
     env = {**os.environ, "TCP_PATCHED_TREE": "" if tree is None else str(tree)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, str(PROBE), command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(PROBE), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     for line in proc.stdout.splitlines():
         if line.startswith(marker + " "):
@@ -87,25 +122,134 @@ def run_probe(command: str, tree: pathlib.Path | None, marker: str) -> Any:
     raise AssertionError(f"subprocess exited {proc.returncode} without {marker}:\n{proc.stdout}\n{proc.stderr}")
 
 
-class TestUpstreamPatch(TestCase):
-    tmp: tempfile.TemporaryDirectory[str]
-    tree: pathlib.Path
-    _probe: dict[str, Any] | None = None
+def probe_test_names(cls_name: str) -> list[str]:
+    """The test methods of the probe's TestCase ``cls_name``, read from its source (the probe is never imported here)."""
+    tree = ast.parse(PROBE.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    return [f"{cls_name}.{f.name}" for f in cls.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")]
 
+
+def hunks(patch: str) -> dict[str, tuple[int, int]]:
+    """Added and removed line counts per file of ``patch``."""
+    counts: dict[str, list[int]] = {}
+    current: list[int] | None = None
+    in_hunk = False
+    for line in (UPSTREAM / patch).read_text().splitlines():
+        if line.startswith("+++ b/"):
+            current = counts.setdefault(line[len("+++ b/") :], [0, 0])
+            in_hunk = False
+        elif line.startswith("--- a/"):
+            in_hunk = False
+        elif line.startswith("@@ "):
+            in_hunk = True
+        elif in_hunk and current is not None and line[:1] in "+-":
+            current[line[0] == "-"] += 1
+    return {rel: (a, r) for rel, (a, r) in counts.items()}
+
+
+class _Supported(TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
         minor = _compat._torch_minor(TORCH_VERSION)
         if minor is None or not _compat._LOWER <= minor < _compat._UPPER:
             raise unittest.SkipTest(
-                f"the patch is kept applying to torch{_compat.SUPPORTED_TORCH}; torch {TORCH_VERSION} is installed"
+                f"the series is kept applying to torch{_compat.SUPPORTED_TORCH}; torch {TORCH_VERSION} is installed"
             )
+
+
+class TestSeriesApplies(_Supported):
+    """Each patch applies alone and in series to copies of the installed files."""
+
+    def test_series_is_the_documented_one(self) -> None:
+        """docs/upstream holds exactly the series' patches, each touching only its declared files."""
+        self.assertEqual(sorted(p.name for p in UPSTREAM.glob("*.patch")), list(SERIES))
+        for patch, (files, _, _) in SERIES.items():
+            text = (UPSTREAM / patch).read_text()
+            self.assertEqual(re.findall(r"^--- a/(\S+)$", text, re.M), list(files), msg=patch)
+            self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M), list(files), msg=patch)
+
+    def test_each_patch_has_a_header(self) -> None:
+        """Every patch starts with a header saying what it does, why, and where its tests are."""
+        for patch in SERIES:
+            header = (UPSTREAM / patch).read_text().split("\n--- a/", 1)[0]
+            for part in ("What:", "Why:", "Tests:"):
+                self.assertIn(part, header, msg=patch)
+
+    def test_each_patch_applies_alone(self) -> None:
+        """A dry run of each patch succeeds without fuzz on fresh copies (and without offsets on PATCH_BASE)."""
+        for patch in SERIES:
+            with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
+                tree = pathlib.Path(d) / "site-packages"
+                copy_installed(tree)
+                proc = apply_patch(tree, patch, dry_run=True)
+                output = proc.stdout + proc.stderr
+                self.assertEqual(proc.returncode, 0, msg=output)
+                self.assertNotRegex(output, r"(?i)fuzz|reject|already applied")
+                if TORCH_VERSION == PATCH_BASE:
+                    self.assertNotRegex(output, r"(?i)offset")
+                self.assertEqual({rel: sha256(tree / rel) for rel in TOUCHED}, INSTALLED)
+
+    def test_each_patch_git_apply_check(self) -> None:
+        """git apply --check accepts each patch on its own as well."""
+        if not shutil.which("git"):
+            self.skipTest("git is not installed")
+        for patch in SERIES:
+            with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
+                tree = pathlib.Path(d) / "site-packages"
+                copy_installed(tree)
+                proc = apply_patch(tree, patch, dry_run=True, git=True)
+                self.assertEqual(proc.returncode, 0, msg=proc.stderr)
+
+    def test_series_applies_in_order_and_compiles(self) -> None:
+        """The patches apply one after the other without fuzz; every touched file changes and byte-compiles."""
+        with tempfile.TemporaryDirectory() as d:
+            tree = pathlib.Path(d) / "site-packages"
+            copy_installed(tree)
+            for patch in SERIES:
+                proc = apply_patch(tree, patch)
+                self.assertEqual(proc.returncode, 0, msg=proc.stdout + proc.stderr)
+                self.assertNotRegex(proc.stdout + proc.stderr, r"(?i)fuzz|reject")
+            for rel in TOUCHED:
+                self.assertNotEqual(sha256(tree / rel), INSTALLED[rel], msg=rel)
+                py_compile.compile(str(tree / rel), cfile=os.path.join(d, "out.pyc"), doraise=True)
+
+    def test_series_adds_nothing_installed_torch_has(self) -> None:
+        """No name the series defines exists in the installed torch (e.g. 2.14's is_fake_tensor), and no added line needs a fake-tensor predicate."""
+        for patch in SERIES:
+            current = None
+            for line in (UPSTREAM / patch).read_text().splitlines():
+                if line.startswith("+++ b/"):
+                    current = importlib.import_module(MODULES[line[len("+++ b/") :]])
+                    continue
+                m = re.match(r"^\+(?:def|class) (\w+)|^\+(\w+)(?:: [^=]+)? = ", line)
+                if m and current is not None:
+                    self.assertFalse(hasattr(current, m[1] or m[2]), msg=f"{patch}: {line}")
+                if line.startswith("+"):
+                    self.assertNotRegex(line, r"isinstance\([^)]*FakeTensor\b", msg=f"{patch}: {line}")
+
+    def test_readme_describes_each_patch(self) -> None:
+        """docs/upstream/README.md has a section per patch with its per-file line counts."""
+        readme = (UPSTREAM / "README.md").read_text()
+        for patch in SERIES:
+            self.assertIn(f"### `{patch}`", readme)
+            section = readme.split(f"### `{patch}`", 1)[1].split("\n### ", 1)[0]
+            for rel, (added, removed) in hunks(patch).items():
+                self.assertRegex(section, rf"`{re.escape(rel)}`: \+{added} -{removed}\b", msg=patch)
+
+
+class TestSeriesBehaviour(_Supported):
+    """Each patch's TestCase passes with the series applied, and alone where the patch is independent."""
+
+    tmp: tempfile.TemporaryDirectory[str]
+    series: pathlib.Path
+    _series_result: dict[str, str] | None = None
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
         cls.tmp = tempfile.TemporaryDirectory(prefix="tcp-upstream-")
-        cls.tree = pathlib.Path(cls.tmp.name) / "site-packages"
-        copy_installed(cls.tree)
-        proc = apply_patch(cls.tree)
-        if proc.returncode != 0:
-            raise AssertionError(f"the patch does not apply:\n{proc.stdout}\n{proc.stderr}")
+        cls.series = patched_tree(pathlib.Path(cls.tmp.name) / "series", list(SERIES))
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -113,193 +257,81 @@ class TestUpstreamPatch(TestCase):
         if tmp is not None:
             tmp.cleanup()
         super().tearDownClass()
-        changed = [rel for rel in TOUCHED if sha256(SITE / rel) != INSTALLED[rel]]
-        if changed:
-            raise AssertionError(f"the installed torch was modified: {changed}")
 
-    def probe(self, scenario: str) -> dict[str, Any]:
+    def assertAllPassed(self, result: dict[str, str], cls_name: str) -> None:
+        expected = probe_test_names(cls_name)
+        self.assertGreater(len(expected), 0)
+        got = {k: v for k, v in result.items() if k.startswith(cls_name + ".")}
+        self.assertEqual(sorted(got), sorted(expected))
+        failed = {k: v for k, v in got.items() if v != "ok"}
+        if failed:
+            self.fail("\n".join(f"{k}:\n{v}" for k, v in failed.items()))
+
+    def series_result(self) -> dict[str, str]:
         cls = type(self)
-        if cls._probe is None:
-            cls._probe = run_probe("probe", cls.tree, "PROBE-RESULT")
-        result = cls._probe[scenario]
-        self.assertNotIn("error", result, msg=result.get("error"))
-        return result
-
-    # ------------------------------------------------------------ applying
-
-    def test_patch_touches_only_declared_files(self) -> None:
-        """The patch edits exactly torch/_subclasses/fake_tensor.py and torch/_ops.py."""
-        text = PATCH.read_text()
-        self.assertEqual(re.findall(r"^--- a/(\S+)$", text, re.M), list(TOUCHED))
-        self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M), list(TOUCHED))
-
-    def test_readme_matches_patch(self) -> None:
-        """docs/upstream/README.md gives the patch's per-file line counts and explains every hunk."""
-        readme = (PATCH.parent / "README.md").read_text()
-        counts: dict[str, list[int]] = {}
-        current = None
-        hunks = []
-        for line in PATCH.read_text().splitlines():
-            if line.startswith("+++ b/"):
-                current = counts.setdefault(line[len("+++ b/") :], [0, 0])
-            elif line.startswith("@@ "):
-                hunks.append(line.split()[1].split(",")[0])
-            elif current is not None and line[:1] in "+-" and not line.startswith("--- "):
-                current[line[0] == "-"] += 1
-        for rel, (added, removed) in counts.items():
-            self.assertRegex(readme, rf"\| `{re.escape(rel)}`[^|]*\| {added} \| {removed} \|")
-        self.assertEqual(sorted(set(re.findall(r"`@@ (-\d+)`", readme))), sorted(set(hunks)))
-
-    def test_patch_applies_cleanly(self) -> None:
-        """A dry run succeeds without fuzz on fresh copies of the installed files (and without offsets on PATCH_BASE)."""
-        with tempfile.TemporaryDirectory() as d:
-            tree = pathlib.Path(d) / "site-packages"
-            copy_installed(tree)
-            proc = apply_patch(tree, dry_run=True)
-            output = proc.stdout + proc.stderr
-            self.assertEqual(proc.returncode, 0, msg=output)
-            self.assertNotRegex(output, r"(?i)fuzz|reject|already applied")
-            if TORCH_VERSION == PATCH_BASE:
-                self.assertNotRegex(output, r"(?i)offset")
-            self.assertEqual({rel: sha256(tree / rel) for rel in TOUCHED}, INSTALLED)
-
-    def test_git_apply_check(self) -> None:
-        """git apply --check accepts the patch as well."""
-        if not shutil.which("git"):
-            self.skipTest("git is not installed")
-        with tempfile.TemporaryDirectory() as d:
-            tree = pathlib.Path(d) / "site-packages"
-            copy_installed(tree)
-            env = {**os.environ, "GIT_CEILING_DIRECTORIES": d}
-            proc = subprocess.run(
-                ["git", "apply", "--check", str(PATCH)], cwd=tree, env=env, capture_output=True, text=True, timeout=120
-            )
-            self.assertEqual(proc.returncode, 0, msg=proc.stderr)
-
-    def test_patched_files_changed_and_compile(self) -> None:
-        """Both patched files differ from the installed ones and byte-compile."""
-        for rel in TOUCHED:
-            path = self.tree / rel
-            self.assertNotEqual(sha256(path), INSTALLED[rel], msg=rel)
-            with tempfile.TemporaryDirectory() as d:
-                py_compile.compile(str(path), cfile=os.path.join(d, "out.pyc"), doraise=True)
-
-    # ----------------------------------------------------- patched torch
+        if cls._series_result is None:
+            names = [case for _, case, _ in SERIES.values()]
+            cls._series_result = run_probe(["probe", *names], cls.series, "PROBE-RESULT")
+        return cls._series_result
 
     def test_patched_modules_are_the_ones_imported(self) -> None:
-        """The subprocess imports the patched copies, and FakeTensorMode takes cache_policy=None."""
-        loaded = self.probe("loaded")
-        self.assertEqual(pathlib.Path(loaded["fake_tensor"]), self.tree / TOUCHED[0])
-        self.assertEqual(pathlib.Path(loaded["ops"]), self.tree / TOUCHED[1])
-        self.assertEqual((loaded["kind"], loaded["default"]), ("KEYWORD_ONLY", "None"))
-        self.assertTrue(loaded["protocol"])
+        """The subprocess loads the patched copies in place of the installed modules."""
+        code = "import torch._subclasses.fake_tensor as f, torch._ops as o, torch.library as l; print(f.__file__, o.__file__, l.__file__)"
+        env = {**os.environ, "TCP_PATCHED_TREE": str(self.series)}
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import runpy; runpy.run_path({str(PROBE)!r}, run_name='probe'); {code}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, msg=proc.stderr)
+        self.assertEqual(proc.stdout.split(), [str(self.series / rel) for rel in TOUCHED])
 
-    def test_policy_admits_backend_op(self) -> None:
-        """A policy admitting quantized_decomposed turns repeats of quantize_per_tensor into hits."""
-        r = self.probe("admitted")
-        self.assertEqual(r["policy"], {"hits": 2, "misses": 1, "bypasses": {}, "size": 1})
-        self.assertEqual(r["shapes"], [[2, 8]] * 3)
-        self.assertEqual(r["dtypes"], ["torch.int8"] * 3)
-        self.assertEqual(r["global_qd_keys"], 0)
-        self.assertEqual({k: v for k, v in r["global_bypass_delta"].items() if v}, {})
-        self.assertEqual(len(r["partitions"]), 1)
+    def test_each_patch_with_series(self) -> None:
+        """Every patch's TestCase passes with the whole series applied."""
+        for patch, (_, case, _) in SERIES.items():
+            with self.subTest(patch=patch):
+                self.assertAllPassed(self.series_result(), case)
 
-    def test_no_policy_bypasses_as_non_builtin(self) -> None:
-        """With cache_policy=None the backend op bypasses as 'non-builtin', as stock does."""
-        r = self.probe("default")
-        self.assertEqual(r["non_builtin_delta"], 3)
-        self.assertEqual(r["policy"], {"hits": 0, "misses": 0, "bypasses": {}, "size": 0})
-        self.assertEqual(r["cache_policy"], "None")
+    def test_each_independent_patch_alone(self) -> None:
+        """Every independent patch's TestCase passes with only that patch applied."""
+        for patch, (_, case, independent) in SERIES.items():
+            if not independent:
+                continue
+            with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
+                tree = patched_tree(pathlib.Path(d), [patch])
+                self.assertAllPassed(run_probe(["probe", case], tree, "PROBE-RESULT"), case)
+
+    def test_tests_fail_on_unpatched_torch(self) -> None:
+        """Every test of every patch fails on the installed, unpatched torch, except those guarding today's behaviour."""
+        result = run_probe(["probe", *(case for _, case, _ in SERIES.values())], None, "PROBE-RESULT")
+        self.assertEqual(sorted(result), sorted(n for _, case, _ in SERIES.values() for n in probe_test_names(case)))
+        self.assertEqual({k for k, v in result.items() if v == "ok"}, KEEPS_TODAY)
 
     def test_no_policy_matches_stock_counters(self) -> None:
-        """Without a policy, a fixed workload leaves the same stock counters as unpatched torch."""
-        stock = run_probe("workload", None, "WORKLOAD-RESULT")
-        patched = run_probe("workload", self.tree, "WORKLOAD-RESULT")
-        self.assertEqual(patched, stock)
+        """Without a policy, a fixed workload leaves the same stock counters as unpatched torch (0003 alone, series)."""
+        stock = run_probe(["workload"], None, "WORKLOAD-RESULT")
         self.assertIn("non-builtin", stock[2])
+        with tempfile.TemporaryDirectory() as d:
+            alone = patched_tree(pathlib.Path(d), ["0003-fake-tensor-cache-policy.patch"])
+            self.assertEqual(run_probe(["workload"], alone, "WORKLOAD-RESULT"), stock)
+        self.assertEqual(run_probe(["workload"], self.series, "WORKLOAD-RESULT"), stock)
 
-    def test_denied_builtin_never_reaches_shared_cache(self) -> None:
-        """A builtin op the policy rejects bypasses before lookup and writes nothing to FakeTensorMode.cache."""
-        r = self.probe("denied_builtin")
-        self.assertEqual(r["policy"]["bypasses"], {"denied by policy": 2})
-        self.assertEqual(r["global_growth"], 0)
 
-    def test_unbacked_scalar_output_bypasses(self) -> None:
-        """A bare SymInt output with a fresh unbacked symbol is never replayed."""
-        r = self.probe("unbacked")
-        self.assertEqual(r["policy"]["bypasses"], {"unrepresented symbol in output": 2})
-        self.assertEqual((r["distinct"], r["calls"]), (2, 2))
-
-    def test_undeclared_alias_bypasses(self) -> None:
-        """An output sharing an input's storage without an alias annotation bypasses and stays aliased."""
-        r = self.probe("alias")
-        self.assertEqual(r["policy"]["bypasses"], {"output aliases an undeclared input": 2})
-        self.assertEqual(r["aliased"], [True, True])
-
-    def test_declared_view_is_cached(self) -> None:
-        """A Tensor(a) -> Tensor(a) backend view hits and the hit still aliases its input."""
-        r = self.probe("declared_view")
-        self.assertEqual((r["policy"]["hits"], r["policy"]["misses"]), (2, 1))
-        self.assertEqual(r["aliased"], [True, True, True])
-
-    def test_outputs_aliasing_each_other_bypass(self) -> None:
-        """Two outputs sharing one storage bypass, so a hit cannot split them."""
-        r = self.probe("twins")
-        self.assertEqual(r["policy"]["bypasses"], {"outputs alias each other": 2})
-        self.assertEqual(r["shared"], [True, True])
-
-    def test_mutable_schema_bypasses_unless_explicit(self) -> None:
-        """A Tensor(a!) op bypasses, unless the policy allowed it by name (explicit)."""
-        r = self.probe("mutable")
-        self.assertEqual(r["policy"]["bypasses"], {"mutable schema": 2})
-        self.assertEqual((r["explicit"]["hits"], r["explicit"]["misses"]), (2, 1))
-        self.assertEqual(r["calls"], 1)
-
-    def test_view_with_several_tensor_args_bypasses(self) -> None:
-        """A view schema with two tensor args bypasses instead of raising AssertionError."""
-        r = self.probe("multi_view")
-        self.assertEqual(r["policy"]["bypasses"], {"view op with several tensor args": 2})
-
-    def test_sparse_output_bypasses(self) -> None:
-        """A sparse output bypasses as 'sparse output' (the stock check runs before the aliasing check)."""
-        r = self.probe("sparse")
-        self.assertEqual(r["policy"]["bypasses"], {"sparse output": 2})
-        self.assertEqual(r["layouts"], ["torch.sparse_coo"] * 2)
-
-    def test_context_key_partitions_entries(self) -> None:
-        """A context_key() change selects another partition; going back hits the old one."""
-        r = self.probe("context")
-        self.assertEqual(r["dtypes"], ["torch.float32"] * 2 + ["torch.float16"] * 2 + ["torch.float32"])
-        self.assertEqual((r["policy"]["hits"], r["policy"]["misses"], r["calls"]), (3, 2, 2))
-
-    def test_reregistered_fake_kernel_is_not_served_old_entries(self) -> None:
-        """Re-registering the fake kernel of a non-default overload selects a fresh partition."""
-        r = self.probe("kernel_swap")
-        self.assertEqual(r["shapes"], [[4, 4], [7], [7]])
-        self.assertEqual((r["policy"]["hits"], r["policy"]["misses"]), (1, 2))
-
-    def test_policy_cache_clear(self) -> None:
-        """policy_cache_clear() empties this mode's policy entries and counters."""
-        self.assertEqual(self.probe("policy_cache_clear")["policy"], {"hits": 0, "misses": 0, "bypasses": {}, "size": 0})
-
-    def test_cache_clear_does_not_shadow_counters_on_subclass(self) -> None:
-        """Subclass.cache_clear() resets the base counters instead of shadowing them."""
-        r = self.probe("cache_clear_subclass")
-        self.assertEqual(r["shadowed"], [])
-        self.assertTrue(r["sub_hits_follow_base"])
-
-    def test_hop_under_mode_subclass(self) -> None:
-        """torch.cond runs under a plain FakeTensorMode subclass (rule found along the MRO)."""
-        self.assertEqual(self.probe("hop_subclass"), {"shape": [3], "fake": True})
-
-    def test_cachepolicy_fits_the_protocol(self) -> None:
-        """torch_cachepolicy.CachePolicy can be passed as the native cache_policy."""
-        r = self.probe("cachepolicy_protocol")
-        self.assertEqual((r["policy"]["hits"], r["policy"]["misses"]), (2, 1))
+class TestTorchUntouched(TestCase):
+    """Nothing above writes to the installed torch (this class runs last; tearDownModule checks again)."""
 
     def test_installed_torch_unchanged(self) -> None:
-        """The installed torch files hash as they did before any test ran."""
+        """The installed torch files hash as they did when this module was imported."""
         self.assertEqual({rel: sha256(SITE / rel) for rel in TOUCHED}, INSTALLED)
+
+
+def tearDownModule() -> None:
+    changed = [rel for rel in TOUCHED if sha256(SITE / rel) != INSTALLED[rel]]
+    if changed:
+        raise AssertionError(f"the installed torch was modified: {changed}")
 
 
 if __name__ == "__main__":
