@@ -864,6 +864,125 @@ def reaches(root: object, target: object, limit: int = 200_000) -> bool:
     return False
 
 
+# Ops whose owners declare torch's own cacheability tags (Note [Reusing
+# torch's validation] in mode.py): torch.Tag is a closed enum (tags.yaml), and
+# these three are the tags _validate_cache_key reads.
+DECL_NS = "tcp_decl"
+_decl_lib = torch.library.Library(DECL_NS, "DEF")
+TAG_REASONS = {
+    "data_dependent_output": "data dependent output",
+    "dynamic_output_shape": "dynamic output shape",
+    "inplace_view": "inplace view",
+}
+
+
+def _define_tagged(tag: str) -> None:
+    _decl_lib.define(f"{tag}(Tensor x) -> Tensor", tags=(getattr(torch.Tag, tag),))
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        T.calls[tag] += 1
+        return torch.empty_like(x)
+
+    torch.library.register_fake(f"{DECL_NS}::{tag}", fake, lib=_decl_lib)
+
+
+for _tag in TAG_REASONS:
+    _define_tagged(_tag)
+
+
+@torch.library.custom_op(f"{DECL_NS}::tagged_custom", mutates_args=(), tags=(torch.Tag.data_dependent_output,))
+def tagged_custom(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@tagged_custom.register_fake
+def _tagged_custom_fake(x: torch.Tensor) -> torch.Tensor:
+    T.calls["tagged_custom"] += 1
+    return torch.empty_like(x)
+
+
+class TestOwnerDeclarations(CachePolicyTestCase):
+    """What torch lets an op's owner declare about fake caching, honoured under any policy."""
+
+    def _stock_bypasses(self, op: OpOverload, n: int) -> dict[str, int]:
+        before = dict(StockMode.cache_info().bypasses)
+        with StockMode():
+            x = torch.empty(2, 3)
+            for _ in range(n):
+                op(x)
+        after = StockMode.cache_info().bypasses
+        return {r: after[r] - before.get(r, 0) for r in after if after[r] != before.get(r, 0)}
+
+    @parametrize("tag", list(TAG_REASONS))
+    def test_torch_tag_bypasses_an_admitted_backend_op(self, tag: str) -> None:
+        """A backend op tagged like aten's uncacheable ops bypasses with stock's reason, even if allowed by name."""
+        op = getattr(torch.ops.tcp_decl, tag).default
+        for policy in (tcp.CachePolicy(namespaces=[DECL_NS]), tcp.CachePolicy(allow=[op])):
+            T.calls.clear()
+            mode = tcp.FakeTensorMode(cache_policy=policy)
+            with mode:
+                x = torch.empty(2, 3)
+                for _ in range(3):
+                    op(x)
+            self.assertTrue(policy.decide(op).cacheable)
+            self.assertEqual(T.calls[tag], 3)
+            self.assertBypassed(mode, op, TAG_REASONS[tag], 3)
+        # Stock reads the tag before is_builtin: same reason, no "non-builtin".
+        self.assertEqual(self._stock_bypasses(op, 2), {TAG_REASONS[tag]: 2})
+
+    def test_custom_op_tags(self) -> None:
+        """custom_op(tags=...) carries the owner's tag beside pt2_compliant_tag, and it is honoured."""
+        op = tagged_custom._opoverload
+        self.assertEqual(set(op.tags), {torch.Tag.pt2_compliant_tag, torch.Tag.data_dependent_output})
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[DECL_NS]))
+        with mode:
+            x = torch.empty(2, 3)
+            for _ in range(3):
+                op(x)
+        self.assertEqual(T.calls["tagged_custom"], 3)
+        self.assertBypassed(mode, op, "data dependent output", 3)
+
+    def test_tag_enum_is_closed(self) -> None:
+        """An owner cannot invent a tag such as 'fake_cacheable': Tag is generated from tags.yaml."""
+        self.assertFalse(hasattr(torch.Tag, "fake_cacheable"))
+        with self.assertRaises(TypeError):
+            _decl_lib.define("untagged(Tensor x) -> Tensor", tags=("fake_cacheable",))  # type: ignore[arg-type]
+        with self.assertRaises(TypeError):
+            torch.library.custom_op(
+                f"{DECL_NS}::strtag", mutates_args=(), schema="(Tensor x) -> Tensor", tags=("fake_cacheable",)  # type: ignore[arg-type]
+            )(lambda x: x.clone())
+
+    @parametrize("skip_cache", [True, False])
+    def test_hop_skip_cache_is_honoured(self, skip_cache: bool) -> None:
+        """A HOP registered with register_fake(..., skip_cache=True) is never cached by a policy mode."""
+        from torch._higher_order_ops.utils import register_fake as register_hop_fake
+        from torch._ops import HigherOrderOperator
+
+        name = f"tcp_decl_hop_{skip_cache}"
+
+        class DeclHop(HigherOrderOperator):
+            def __init__(self) -> None:
+                super().__init__(name)
+
+            def __call__(self, x: torch.Tensor) -> torch.Tensor:
+                return super().__call__(x)
+
+        hop = DeclHop()
+        hop.fallthrough(torch._C.DispatchKey.AutogradCPU)
+
+        @register_hop_fake(hop, skip_cache=skip_cache)
+        def _fake(x: torch.Tensor) -> torch.Tensor:
+            T.calls[name] += 1
+            return torch.empty_like(x)
+
+        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        with mode:
+            x = torch.empty(2, 3)
+            for _ in range(3):
+                hop(x)
+        self.assertEqual(T.calls[name], 3 if skip_cache else 1)
+
+
 class TestLifetime(CachePolicyTestCase):
     def test_mode_and_store_are_collected(self) -> None:
         """Dropping a mode frees it and its private store."""
@@ -1090,6 +1209,7 @@ class TestDropIn(TestCase):
 
 
 instantiate_parametrized_tests(TestDropIn)
+instantiate_parametrized_tests(TestOwnerDeclarations)
 instantiate_parametrized_tests(TestSafety)
 instantiate_parametrized_tests(TestVerification)
 

@@ -505,6 +505,10 @@ class FakeTensorMode(_StockMode):
         # accept that one reason and nothing else: every earlier check (tags,
         # lift ops, unsafe view, ...) has already run, and the CIA-view check
         # is part of the policy's structural decision (Note [Structural checks]).
+        # So what an op's owner declares through torch's tags
+        # (data_dependent_output, dynamic_output_shape, inplace_view) keeps a
+        # backend op out of the cache under every policy, even one admitting it
+        # by name (test_mode.py, TestOwnerDeclarations).
         try:
             super()._validate_cache_key(func, args, kwargs)
         except _BypassDispatchCache as e:
