@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import threading
@@ -803,6 +804,29 @@ class TestHigherOrderOps(CachePolicyTestCase):
 
         self.assertEqual(run(tcp.FakeTensorMode(shape_env=ShapeEnv())), run(StockMode(shape_env=ShapeEnv())))
 
+    @parametrize("python_dispatcher", [False, True])
+    def test_opoverload_rule_only_under_python_dispatcher(self, python_dispatcher: bool) -> None:
+        """An OpOverload's py_impl(FakeTensorMode) rule applies exactly when stock applies it."""
+        from torch._dispatch.python import enable_python_dispatcher
+
+        lib = torch.library.Library("tcp_rule", "FRAGMENT")
+        self.addCleanup(lib._destroy)
+        lib.define("f(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_rule::f", lambda x: x.new_empty(3), lib=lib)
+        op = torch.ops.tcp_rule.f.default
+        op.py_impl(StockMode)(lambda mode, x: x.new_empty(6))
+        self.addCleanup(op.python_key_table.pop, StockMode, None)
+
+        def run(mode: Any) -> torch.Size:
+            x = mode.from_tensor(torch.zeros(2))
+            with mode, enable_python_dispatcher() if python_dispatcher else contextlib.nullcontext():
+                return op(x).shape
+
+        expected = torch.Size([6 if python_dispatcher else 3])
+        self.assertEqual(run(StockMode()), expected)
+        self.assertEqual(run(tcp.FakeTensorMode()), expected)
+        self.assertEqual(run(tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_rule"]))), expected)
+
     def test_hop_defined_after_import(self) -> None:
         """A HOP whose FakeTensorMode rule is registered after our import works."""
         from torch._ops import HigherOrderOperator
@@ -1212,6 +1236,7 @@ instantiate_parametrized_tests(TestDropIn)
 instantiate_parametrized_tests(TestOwnerDeclarations)
 instantiate_parametrized_tests(TestSafety)
 instantiate_parametrized_tests(TestVerification)
+instantiate_parametrized_tests(TestHigherOrderOps)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,9 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, "_DISPATCH_META_HANDLERS", check=_is_type(dict)),
     _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", check=_is_type(Mapping)),
     _Internal(_FT, "log", check=_is_type(logging.Logger)),
+    # An OpOverload's FakeTensorMode rule applies only under the Python
+    # dispatcher (mode.py, dispatch).
+    _Internal("torch._C", "_dispatch_tls_is_dispatch_key_included"),
     # Our entries for stock ops go where stock puts them: the class-global
     # `cache`, or `shape_env.fake_tensor_cache` for keys holding symbols.
     _Internal(

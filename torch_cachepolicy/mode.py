@@ -91,6 +91,12 @@ _DIRECT_HIT_PATH = frozenset(_StockMode.dispatch.__code__.co_names) == _STOCK_DI
 _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
 _HANDLE_DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
 _FT_LOG = _ft.log
+# Output plans a mode keeps (see _output_from_cache_entry).
+_MAX_PLANS = 4096
+
+
+def _python_dispatcher_enabled() -> bool:
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
 
 
 class CrosscheckError(RuntimeError):
@@ -292,13 +298,19 @@ class FakeTensorMode(_StockMode):
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] = _NO_KWARGS,
     ) -> object:
-        # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule
-        # (HOPs like cond, and a few OpOverloads such as _tensor_version)
-        # get that rule, called as stock's dispatcher would call it. This is
-        # `dispatch`, not `__torch_dispatch__`: torch wraps every override of
-        # the latter in a dynamo-disabling shim, which would run twice per op.
+        # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule get
+        # that rule, called when stock's dispatcher would call it: always for
+        # a HOP, and for an OpOverload (a py_impl(FakeTensorMode) rule) only
+        # under the Python dispatcher, the one path that consults an
+        # OpOverload's python_key_table. This is `dispatch`, not
+        # `__torch_dispatch__`: torch wraps every override of the latter in a
+        # dynamo-disabling shim, which would run twice per op.
         handler = getattr(func, "python_key_table", _NO_RULES).get(_StockMode)
-        if handler is not None and not _redirects_to_mode(func, handler):
+        if (
+            handler is not None
+            and not _redirects_to_mode(func, handler)
+            and (not isinstance(func, OpOverload) or _python_dispatcher_enabled())
+        ):
             if self._open_frames and isinstance(func, OpOverload):
                 # Never reaches _cached_dispatch_impl, but an enclosing miss
                 # depends on it all the same (Note [Entries cover inner ops]).
@@ -482,6 +494,11 @@ class FakeTensorMode(_StockMode):
             return super()._output_from_cache_entry(state, entry, key, func, args)
         planned = self._plans.get(id(entry))
         if planned is None or planned[0] is not entry:
+            # Bounded: torch also calls this on entries it builds and drops
+            # on every miss (to check each output), and torch's storage may
+            # drop entries we still hold. Plans are cheap to rebuild.
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans = {}
             planned = self._plans[id(entry)] = (entry, synth.output_plan(entry, func))
         plan = planned[1]
         if plan is not None:
