@@ -85,9 +85,9 @@ ambient: dict[str, torch.dtype] = {"dtype": torch.float32}
 lib = torch.library.Library("tcp_upstream", "DEF")
 
 
-def define(schema: str, fn: Callable[..., Any], meta: bool = False) -> None:
+def define(schema: str, fn: Callable[..., Any], meta: bool = False, tags: tuple[torch.Tag, ...] = ()) -> None:
     """Defines ``tcp_upstream::<schema>`` with a fake (or Meta) kernel that counts its calls."""
-    lib.define(schema)
+    lib.define(schema, tags=tags)
     name = schema.split("(")[0]
 
     def kernel(*args: Any) -> Any:
@@ -129,6 +129,7 @@ define(
     lambda x, y: x.new_empty(1 if x is y else 2 if x.untyped_storage()._cdata == y.untyped_storage()._cdata else 3),
 )
 define("unsqueezes(Tensor x) -> Tensor", _unsqueezes)
+define("tagged(Tensor x) -> Tensor", lambda x: x.new_empty(x.shape), tags=(torch.Tag.dynamic_output_shape,))
 
 
 @torch.library.custom_op("tcp_upstream::co", mutates_args=())
@@ -397,6 +398,12 @@ class TestCachePolicy(TestCase):
             op("multi_view")(x, x)
             op("multi_view")(x, x)
         self.assertEqual(mode.policy_cache_info().bypasses, {"view op with several tensor args": 2})
+
+    def test_owner_tags_bind_under_a_policy(self) -> None:
+        """An admitted backend op its owner tagged dynamic_output_shape bypasses with stock's reason."""
+        mode, _ = self.call("tagged", n=3)
+        self.assertEqual(mode.policy_cache_info().bypasses, {"dynamic output shape": 3})
+        self.assertEqual(calls["tagged"], 3)
 
     # --------------------------------------------------------- output checks
 

@@ -1423,7 +1423,9 @@ hop_case(
 
 
 # A backend op whose fake rule is a FakeTensorMode py_impl: the mode's dispatch() forwards to the rule without
-# passing _cached_dispatch_impl, so an enclosing miss never records it (its denial, its context).
+# passing _cached_dispatch_impl, so an enclosing miss never records it (its denial, its context). Stock consults an
+# OpOverload's py_impl rules only under the Python dispatcher (as export and make_fx run), so the kernel calling it
+# turns that on.
 ctx_lib.define("py_rule(Tensor x) -> Tensor")
 
 
@@ -1438,7 +1440,8 @@ torch.ops.tcp_zoo_ctx.py_rule.default.py_impl(torch._subclasses.fake_tensor.Fake
 
 @zoo_op("calls_py_rule(Tensor x) -> Tensor")
 def _calls_py_rule(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.tcp_zoo_ctx.py_rule.default(x)
+    with enable_python_dispatcher():
+        return torch.ops.tcp_zoo_ctx.py_rule.default(x)
 
 
 def _deny_py_rule() -> tcp.CachePolicy:
