@@ -90,6 +90,48 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
         gc.enable()
 
 
+def _floor(mode: _ft.FakeTensorMode, sample: FakeTensor, calls: int) -> Callable[[], None]:
+    """``calls`` outputs like ``sample`` built as torch builds a hit's output, and nothing else."""
+    shape, stride, dtype, device = tuple(sample.shape), sample.stride(), sample.dtype, sample.device
+
+    def floor() -> None:
+        for _ in range(calls):
+            with in_kernel_invocation_manager(mode):
+                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            FakeTensor(mode, meta, device)
+
+    return floor
+
+
+def _all_hits(
+    fn: Callable[[], None], hits: Callable[[], int], calls: int, what: str, problems: list[str]
+) -> Callable[[int], tuple[float, float]]:
+    """Times ``fn`` in batch ``b``, recording a problem unless it made exactly ``calls`` hits."""
+
+    def run(b: int) -> tuple[float, float]:
+        before = hits()
+        seconds = _timed(fn)
+        if hits() - before != calls:
+            problems.append(f"{what} in batch {b} was not a hit")
+        return seconds
+
+    return run
+
+
+def _interleaved(
+    runs: dict[str, Callable[[int], tuple[float, float]]], batches: int, calls: int
+) -> dict[str, tuple[float, float]]:
+    """Median per-call wall and CPU seconds of each run, batch by batch, the starting run rotating."""
+    names = list(runs)
+    samples: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
+    for b in range(batches):
+        for i in range(len(names)):
+            variant = names[(b + i) % len(names)]
+            wall, cpu = runs[variant](b)
+            samples[variant].append((wall / calls, cpu / calls))
+    return {v: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for v, s in samples.items()}
+
+
 def _measure_case(
     case: HitCase, namespaces: tuple[str, ...], batches: int, calls: int
 ) -> tuple[dict[str, tuple[float, float]], list[str]]:
@@ -102,7 +144,6 @@ def _measure_case(
     with policy_mode, enable_python_dispatcher():
         sample = case.op(*policy_args)  # the miss that fills the entry
     assert isinstance(sample, FakeTensor)
-    shape, stride, dtype, device = tuple(sample.shape), sample.stride(), sample.dtype, sample.device
     stock_mode = _ft.FakeTensorMode(allow_non_fake_inputs=True)
     stock_args = case.make_args(stock_mode)
 
@@ -111,42 +152,30 @@ def _measure_case(
             for _ in range(calls):
                 case.op(*policy_args)
 
-    def floor() -> None:
-        for _ in range(calls):
-            with in_kernel_invocation_manager(policy_mode):
-                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            FakeTensor(policy_mode, meta, device)
-
     def stock_uncached() -> None:
         with stock_mode, enable_python_dispatcher():
             for _ in range(calls):
                 case.op(*stock_args)
 
-    samples: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
-    for b in range(batches):
-        order = [VARIANTS[(b + i) % len(VARIANTS)] for i in range(len(VARIANTS))]
-        for variant in order:
-            if variant == "policy_hit":
-                hits = policy_mode.cache_report()[case.op].hits
-                seconds = _timed(policy_hit)
-                if policy_mode.cache_report()[case.op].hits - hits != calls:
-                    problems.append(f"{case.label}: a policy call in batch {b} was not a hit")
-            elif variant == "floor":
-                seconds = _timed(floor)
-            elif variant == "stock_uncached":
-                seconds = _timed(stock_uncached)
-            else:
-                # The same calls as stock_uncached, now hits under the patch.
-                with global_patch(namespaces):
-                    with stock_mode, enable_python_dispatcher():
-                        case.op(*stock_args)  # the miss that fills the entry
-                    hits = _ft.FakeTensorMode.cache_hits
-                    seconds = _timed(stock_uncached)
-                    if _ft.FakeTensorMode.cache_hits - hits != calls:
-                        problems.append(f"{case.label}: a global-patch call in batch {b} was not a hit")
-            samples[variant].append((seconds[0] / calls, seconds[1] / calls))
-    medians = {v: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for v, s in samples.items()}
-    return medians, problems
+    def global_patch_hit(b: int) -> tuple[float, float]:
+        # The same calls as stock_uncached, now hits under the patch.
+        with global_patch(namespaces):
+            with stock_mode, enable_python_dispatcher():
+                case.op(*stock_args)  # the miss that fills the entry
+            return _all_hits(
+                stock_uncached, lambda: _ft.FakeTensorMode.cache_hits, calls, f"{case.label}: a global-patch call", problems
+            )(b)
+
+    runs = {
+        "policy_hit": _all_hits(
+            policy_hit, lambda: policy_mode.cache_report()[case.op].hits, calls, f"{case.label}: a policy call", problems
+        ),
+        "floor": lambda b: _timed(_floor(policy_mode, sample, calls)),
+        "global_patch_hit": global_patch_hit,
+        "stock_uncached": lambda b: _timed(stock_uncached),
+    }
+    assert tuple(runs) == VARIANTS
+    return _interleaved(runs, batches, calls), problems
 
 
 def measure_hit_costs(
@@ -215,7 +244,6 @@ def _measure_aten_case(
     with stock_mode:
         case.op(*stock_args)
     assert isinstance(sample, FakeTensor)
-    shape, stride, dtype, device = tuple(sample.shape), sample.stride(), sample.dtype, sample.device
 
     def policy_hit() -> None:
         with policy_mode:
@@ -227,31 +255,17 @@ def _measure_aten_case(
             for _ in range(calls):
                 case.op(*stock_args)
 
-    def floor() -> None:
-        for _ in range(calls):
-            with in_kernel_invocation_manager(policy_mode):
-                meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            FakeTensor(policy_mode, meta, device)
-
-    samples: dict[str, list[tuple[float, float]]] = {v: [] for v in ATEN_VARIANTS}
-    for b in range(batches):
-        order = [ATEN_VARIANTS[(b + i) % len(ATEN_VARIANTS)] for i in range(len(ATEN_VARIANTS))]
-        for variant in order:
-            if variant == "policy_hit":
-                hits = policy_mode.cache_report()[case.op].hits
-                seconds = _timed(policy_hit)
-                if policy_mode.cache_report()[case.op].hits - hits != calls:
-                    problems.append(f"{case.label}: a policy call in batch {b} was not a hit")
-            elif variant == "stock_hit":
-                hits = _ft.FakeTensorMode.cache_hits
-                seconds = _timed(stock_hit)
-                if _ft.FakeTensorMode.cache_hits - hits != calls:
-                    problems.append(f"{case.label}: a stock call in batch {b} was not a hit")
-            else:
-                seconds = _timed(floor)
-            samples[variant].append((seconds[0] / calls, seconds[1] / calls))
-    medians = {v: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for v, s in samples.items()}
-    return medians, problems
+    runs = {
+        "policy_hit": _all_hits(
+            policy_hit, lambda: policy_mode.cache_report()[case.op].hits, calls, f"{case.label}: a policy call", problems
+        ),
+        "floor": lambda b: _timed(_floor(policy_mode, sample, calls)),
+        "stock_hit": _all_hits(
+            stock_hit, lambda: _ft.FakeTensorMode.cache_hits, calls, f"{case.label}: a stock call", problems
+        ),
+    }
+    assert tuple(runs) == ATEN_VARIANTS
+    return _interleaved(runs, batches, calls), problems
 
 
 def measure_aten_hit_costs(*, batches: int, calls: int) -> tuple[dict[str, dict[str, Any]], list[str]]:
