@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._ops import OpOverload
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
