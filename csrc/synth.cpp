@@ -29,6 +29,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
 #include <vector>
 
 namespace torch_cachepolicy {
@@ -36,10 +37,10 @@ namespace {
 
 namespace py = pybind11;
 
-std::vector<int64_t> as_ints(const py::handle& seq, const char* what) {
+std::vector<int64_t> as_ints(const py::handle& seq, const std::string& api, const char* what) {
+  const std::string message = api + ": " + what + " must be a tuple of ints";
   if (!PyTuple_Check(seq.ptr())) {
-    throw py::type_error(
-        std::string("meta_empty_strided(...): ") + what + " must be a tuple of ints");
+    throw py::type_error(message);
   }
   const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
   std::vector<int64_t> out;
@@ -49,8 +50,7 @@ std::vector<int64_t> as_ints(const py::handle& seq, const char* what) {
     // Exact ints only: a SymInt, a bool or an int subclass is the caller's
     // mistake (its plan should have sent the entry to torch's path).
     if (!PyLong_CheckExact(item)) {
-      throw py::type_error(
-          std::string("meta_empty_strided(...): ") + what + " must be a tuple of ints");
+      throw py::type_error(message);
     }
     const long long v = PyLong_AsLongLong(item);
     if (v == -1 && PyErr_Occurred()) {
@@ -61,21 +61,38 @@ std::vector<int64_t> as_ints(const py::handle& seq, const char* what) {
   return out;
 }
 
+// The arguments both functions share, checked alike.
+struct Layout {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype;
+};
+
+Layout as_layout(
+    const std::string& api,
+    const py::handle& shape,
+    const py::handle& stride,
+    const py::handle& dtype) {
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw py::type_error(api + ": dtype must be a torch.dtype");
+  }
+  Layout out{
+      as_ints(shape, api, "shape"),
+      as_ints(stride, api, "stride"),
+      reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type};
+  if (out.sizes.size() != out.strides.size()) {
+    throw py::value_error(api + ": shape and stride differ in length");
+  }
+  return out;
+}
+
 py::object meta_empty_strided(
     const py::handle& shape,
     const py::handle& stride,
     const py::handle& dtype,
     bool requires_grad) {
-  if (!THPDtype_Check(dtype.ptr())) {
-    throw py::type_error("meta_empty_strided(...): dtype must be a torch.dtype");
-  }
-  const auto sizes = as_ints(shape, "shape");
-  const auto strides = as_ints(stride, "stride");
-  if (sizes.size() != strides.size()) {
-    throw py::value_error("meta_empty_strided(...): shape and stride differ in length");
-  }
-  at::Tensor t(at::detail::empty_strided_meta(
-      sizes, strides, reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+  const Layout layout = as_layout("meta_empty_strided(...)", shape, stride, dtype);
+  at::Tensor t(at::detail::empty_strided_meta(layout.sizes, layout.strides, layout.dtype));
   if (requires_grad) {
     t.set_requires_grad(true);
   }
@@ -88,30 +105,24 @@ py::object meta_view_of(
     const py::handle& stride,
     int64_t storage_offset,
     const py::handle& dtype) {
+  const std::string api = "meta_view_of(...)";
   if (!THPVariable_Check(base.ptr())) {
-    throw py::type_error("meta_view_of(...): base must be a Tensor");
-  }
-  if (!THPDtype_Check(dtype.ptr())) {
-    throw py::type_error("meta_view_of(...): dtype must be a torch.dtype");
+    throw py::type_error(api + ": base must be a Tensor");
   }
   const at::Tensor& source = THPVariable_Unpack(base.ptr());
   // The storage's device, not the tensor's: a FakeTensor reports its fake
   // device (through Python) while its storage is meta.
   if (!source.has_storage() || source.storage().device_type() != c10::DeviceType::Meta) {
-    throw py::value_error("meta_view_of(...): base must have a meta storage (a FakeTensor)");
+    throw py::value_error(api + ": base must have a meta storage (a FakeTensor)");
   }
-  const auto sizes = as_ints(shape, "shape");
-  const auto strides = as_ints(stride, "stride");
-  if (sizes.size() != strides.size()) {
-    throw py::value_error("meta_view_of(...): shape and stride differ in length");
-  }
+  const Layout layout = as_layout(api, shape, stride, dtype);
   // What empty_strided_meta + set_(storage, offset, shape, stride) leave:
   // a plain meta tensor on the base's storage (the same StorageImpl).
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(source.storage()),
       c10::DispatchKeySet(c10::DispatchKey::Meta),
-      c10::scalarTypeToTypeMeta(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+      c10::scalarTypeToTypeMeta(layout.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides, storage_offset);
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 

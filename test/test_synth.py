@@ -276,6 +276,23 @@ class TestSynthHits(TestCase):
             fn((2, 3), (1,), torch.float32, False)
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)
+    def test_meta_view_of_rejects_bad_input(self) -> None:
+        """The view helper names itself, and refuses a base without a meta storage."""
+        fn = synth._meta_view_of
+        assert fn is not None
+        mode = tcp.FakeTensorMode()
+        base = mode.from_tensor(_t(2, 3))
+        self.assertEqual(fn(base, (3,), (1,), 3, torch.float32).shape, (3,))
+        with self.assertRaisesRegex(ValueError, r"meta_view_of\(\.\.\.\): base must have a meta storage"):
+            fn(_t(2, 3), (3,), (1,), 0, torch.float32)
+        with self.assertRaisesRegex(TypeError, r"meta_view_of\(\.\.\.\): base must be a Tensor"):
+            fn("x", (3,), (1,), 0, torch.float32)
+        with self.assertRaisesRegex(TypeError, r"meta_view_of\(\.\.\.\): stride must be a tuple of ints"):
+            fn(base, (3,), [1], 0, torch.float32)
+        with self.assertRaisesRegex(ValueError, r"meta_view_of\(\.\.\.\): shape and stride differ in length"):
+            fn(base, (3,), (1, 1), 0, torch.float32)
+
+    @unittest.skipIf(not HAS_FAST, NO_FAST)
     def test_canary_switches_off_on_disagreement(self) -> None:
         """A fast-path output unlike torch's turns the fast path off, warns, and returns torch's."""
         real = synth._meta_empty_strided
@@ -289,13 +306,21 @@ class TestSynthHits(TestCase):
         with mode:
             aten.relu.default(x)  # a miss: verified against the real output, fast path intact
         # A drifted synthesis on a hit: the canary compares it with torch's.
-        with mock.patch.object(synth, "_meta_empty_strided", wrong), mock.patch.object(synth._canary, "remaining", 3):
+        real_view = synth._meta_view_of
+        # The canary switches off both helpers; patching them here restores both afterwards.
+        with (
+            mock.patch.object(synth, "_meta_empty_strided", wrong),
+            mock.patch.object(synth, "_meta_view_of", real_view),
+            mock.patch.object(synth._canary, "remaining", 3),
+        ):
             with self.assertWarnsRegex(UserWarning, "differs from torch's _output_from_cache_entry"), mode:
                 out = aten.relu.default(x)
             self.assertIsNone(synth._meta_empty_strided)
+            self.assertIsNone(synth._meta_view_of)
             self.assertEqual(synth._canary.remaining, 0)
         self.assertEqual(out.dtype, torch.float32)
         self.assertIs(synth._meta_empty_strided, real)
+        self.assertIs(synth._meta_view_of, real_view)
 
     @unittest.skipIf(HAS_FAST, "the C++ helper is loaded")
     def test_without_extension_no_plans(self) -> None:
