@@ -389,10 +389,12 @@ class TestAdoptErrors(TestCase):
         with self.assertRaisesRegex(TypeError, ADOPT + "expected a torch.export.ExportedProgram.*got str"):
             adopt("program")  # type: ignore[arg-type]
         ep = export_mlp()
-        with self.assertRaisesRegex(TypeError, ADOPT + "cache_policy must be a torch_cachepolicy.CachePolicy"):
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
             adopt(ep, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, ADOPT + "cache_store must be a torch_cachepolicy.CacheStore"):
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
             adopt(ep, cache_store={})  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_crosscheck=\.\.\.\): expected True, False or None"):
+            adopt(ep, cache_crosscheck="on")
         with self.assertRaisesRegex(TypeError, ADOPT + "unexpected keyword argument 'bogus'; .* cache_crosscheck"):
             adopt(ep, bogus=1)
         self.assertIsInstance(adopt(ep), tcp.FakeTensorMode)  # none of the above touched it

@@ -32,11 +32,11 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import keyset, native
 
 _C: ModuleType | None
 try:
-    # Imported directly rather than through keyset._ext, which is None when
+    # Imported directly rather than through native.extension(), which is None when
     # TORCH_CACHEPOLICY_FORCE_PYTHON is set even though the helper is built.
     from torch_cachepolicy import _C  # type: ignore[attr-defined,no-redef]
 except ImportError:
@@ -123,21 +123,21 @@ def _render(keys: frozenset[DispatchKey]) -> str:
 @contextlib.contextmanager
 def _use_backend(backend: str) -> Iterator[None]:
     """Points keyset at one backend for the duration, then restores it."""
-    saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+    saved = (native._ext, native._fallback_reason, native._warned)
     try:
         if backend == "cpp":
             if _C is None:
                 raise unittest.SkipTest(NO_CPP_REASON)
-            keyset._ext = _C
+            native._ext = _C
         else:
-            keyset._ext = None
-            keyset._fallback_reason = "test_keyset forces the fallback"
+            native._ext = None
+            native._fallback_reason = "test_keyset forces the fallback"
         with warnings.catch_warnings():
             # The once-only fallback warning is tested on its own below.
             warnings.simplefilter("ignore")
             yield
     finally:
-        keyset._ext, keyset._fallback_reason, keyset._warned = saved
+        native._ext, native._fallback_reason, native._warned = saved
 
 
 class TestKeysetParity(TestCase):
@@ -503,9 +503,9 @@ class TestKernelWatch(TestCase):
 class TestFallback(TestCase):
     def test_warns_once_in_process(self) -> None:
         """With the helper gone, the first query warns and later ones stay quiet."""
-        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        saved = (native._ext, native._fallback_reason, native._warned)
         try:
-            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            native._ext, native._fallback_reason, native._warned = None, "a test", False
             self.assertEqual(keyset.backend(), "python")
             with self.assertWarnsRegex(UserWarning, "because a test"):
                 keyset.kernel_keys("aten::add.Tensor")
@@ -515,13 +515,13 @@ class TestFallback(TestCase):
                 keyset.kernel_watch("aten::add.Tensor").fingerprint()
             self.assertEqual(caught, [])
         finally:
-            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+            native._ext, native._fallback_reason, native._warned = saved
 
     def test_warning_states_watch_limits(self) -> None:
         """The fallback warning says that kernel watches are weaker, not only slower."""
-        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        saved = (native._ext, native._fallback_reason, native._warned)
         try:
-            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            native._ext, native._fallback_reason, native._warned = None, "a test", False
             with self.assertWarns(UserWarning) as ctx:
                 watch = keyset.kernel_watch("aten::add.Tensor")
             self.assertIsInstance(watch, keyset._DumpKernelWatch)
@@ -529,7 +529,7 @@ class TestFallback(TestCase):
             self.assertIn("kernel_watch", message)
             self.assertIn("same source line", message)
         finally:
-            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+            native._ext, native._fallback_reason, native._warned = saved
 
     def test_forced_by_environment(self) -> None:
         """TORCH_CACHEPOLICY_FORCE_PYTHON=1 at import selects the fallback and warns once."""

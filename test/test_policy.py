@@ -599,14 +599,39 @@ P().explain(ops.higher_order.cond)
 (Spec([]),): element [0] of the tuple is a Spec (hash() raised TypeError: unhashable type: 'list')""",
         )
 
-    def test_mode_arguments(self) -> None:
-        """FakeTensorMode validates its own keyword arguments."""
-        with self.assertRaisesRegex(TypeError, r"FakeTensorMode\(cache_policy=...\): expected a torch_cachepolicy.CachePolicy, got list"):
-            tcp.FakeTensorMode(cache_policy=["tosa"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"FakeTensorMode\(cache_store=...\): expected a torch_cachepolicy.CacheStore, got dict"):
-            tcp.FakeTensorMode(cache_store={})  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"cache_crosscheck=...\): expected a bool"):
-            tcp.FakeTensorMode(cache_crosscheck="on")  # type: ignore[arg-type]
+    @parametrize("entry", ["FakeTensorMode", "adopt", "torch_cachepolicy.export"])
+    def test_cache_arguments(self, entry: str) -> None:
+        """FakeTensorMode, adopt and export check cache_policy, cache_store and cache_crosscheck alike."""
+        module, inputs = torch.nn.ReLU(), (torch.randn(2),)
+        calls: dict[str, Callable[..., object]] = {
+            "FakeTensorMode": tcp.FakeTensorMode,
+            "adopt": functools.partial(tcp.adopt, torch.export.export(module, inputs)),
+            "torch_cachepolicy.export": functools.partial(tcp.export, module, inputs),
+        }
+        call = calls[entry]
+        messages = []
+        for kwargs in (
+            {"cache_policy": ["tosa"]},
+            {"cache_policy": tcp.CacheStore()},
+            {"cache_store": {}},
+            {"cache_store": tcp.CachePolicy()},
+            {"cache_crosscheck": "on"},
+        ):
+            with self.assertRaises(TypeError) as ctx:
+                call(**kwargs)
+            messages.append(str(ctx.exception).replace(entry, "<entry>", 1))
+        self.assertExpectedInline(
+            "\n".join(messages),
+            """\
+<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got list; build one from namespaces: CachePolicy(namespaces=[...])
+<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got torch_cachepolicy.store.CacheStore; pass a CacheStore as cache_store=...
+<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got dict
+<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got torch_cachepolicy.policy.CachePolicy; pass a CachePolicy as cache_policy=...
+<entry>(cache_crosscheck=...): expected True, False or None, got the string 'on'""",
+        )
+
+    def test_store_arguments(self) -> None:
+        """CacheStore validates its own keyword argument."""
         with self.assertRaisesRegex(TypeError, r"CacheStore\(isolated=...\): expected a bool"):
             tcp.CacheStore(isolated=1)  # type: ignore[arg-type]
 
