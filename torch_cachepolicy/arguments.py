@@ -42,7 +42,9 @@ def check_policy(where: str, value: object) -> CachePolicy | None:
     """``value`` if it is a ``CachePolicy`` or None, else a TypeError naming ``where``."""
     if value is None or isinstance(value, CachePolicy):
         return value
-    if isinstance(value, CacheStore):
+    if isinstance(value, type) and issubclass(value, CachePolicy):
+        hint = f"; pass an instance: {value.__name__}(...)"
+    elif isinstance(value, CacheStore):
         hint = "; pass a CacheStore as cache_store=..."
     elif isinstance(value, (str, torch.library.Library)) or (
         isinstance(value, Iterable) and not isinstance(value, (bytes, dict))
@@ -57,7 +59,12 @@ def check_store(where: str, value: object) -> CacheStore | None:
     """``value`` if it is a ``CacheStore`` or None, else a TypeError naming ``where``."""
     if value is None or isinstance(value, CacheStore):
         return value
-    hint = "; pass a CachePolicy as cache_policy=..." if isinstance(value, CachePolicy) else ""
+    if isinstance(value, type) and issubclass(value, CacheStore):
+        hint = f"; pass an instance: {value.__name__}()"
+    elif isinstance(value, CachePolicy):
+        hint = "; pass a CachePolicy as cache_policy=..."
+    else:
+        hint = ""
     raise TypeError(f"{where}: expected a torch_cachepolicy.CacheStore or None, got {describe_value(value)}{hint}")
 
 
