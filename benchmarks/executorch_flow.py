@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import hashlib
 import importlib.metadata
 import io
@@ -73,6 +72,7 @@ from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
+from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
 __all__ = [
@@ -476,22 +476,6 @@ def _constants_digest(ep: ExportedProgram) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _timed_gc_off() -> Iterator[list[float]]:
-    """Yields a list that receives wall and CPU seconds; the cyclic GC stays
-    off meanwhile so a collection triggered by earlier garbage does not land
-    in one configuration's figure."""
-    out: list[float] = []
-    gc.collect()
-    gc.disable()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    try:
-        yield out
-    finally:
-        out += [time.perf_counter() - start, time.process_time() - cpu_start]
-        gc.enable()
-
-
 def lower(
     ep: ExportedProgram,
     config: str,
@@ -536,7 +520,9 @@ def lower(
         start = time.perf_counter()
         with scope:
             setup += time.perf_counter() - start
-            with _timed_gc_off() as timing:
+            # A collection triggered by earlier garbage must not land in one
+            # configuration's figure: collect first, GC off meanwhile.
+            with timed() as timing:
                 lowered = spec.lower_program(ep)
             exit_start = time.perf_counter()
         setup += time.perf_counter() - exit_start
@@ -548,8 +534,8 @@ def lower(
     gm = lowered.graph_module
     return Lowering(
         config,
-        timing[0],
-        timing[1],
+        timing.seconds,
+        timing.cpu_seconds,
         setup,
         _payloads(gm),
         gm.code,
@@ -774,11 +760,12 @@ def census_pipeline(
 
         @contextlib.contextmanager
         def phase(name: str) -> Iterator[None]:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            with rec.in_phase(name):
+            # Timed as the step runs (no collection first, GC on): the census
+            # reports shares within one pipeline, not one configuration's
+            # figure against another's.
+            with timed(collect=False, gc_off=False) as timing, rec.in_phase(name):
                 yield
-            seconds[name] = time.perf_counter() - start
-            cpu_seconds[name] = time.process_time() - cpu_start
+            seconds[name], cpu_seconds[name] = timing.seconds, timing.cpu_seconds
 
         with phase("quantize"):
             factory = quantized_program_factory(flow=spec, model=model, policy=policy if config == "policy" else None)
