@@ -5,7 +5,7 @@ repository root with ExecuTorch 1.5.1 installed (``pip install --no-deps -r
 requirements-executorch.txt``). This module imports without ExecuTorch: every
 ExecuTorch import happens inside the functions that need it.
 
-One round runs the pt2e flow on :class:`benchmarks.executorch_flow.TinyConvNet`
+One round runs the pt2e flow on :class:`benchmarks.executorch.TinyConvNet`
 for ``ethos-u55-128`` (``EthosUQuantizer`` with
 ``get_symmetric_quantization_config()``) under each configuration:
 
@@ -40,7 +40,8 @@ from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
-from benchmarks.executorch_flow import ETHOS_U_TARGET, TinyConvNet, executorch_version, program_mode
+from benchmarks.executorch import ETHOS_U_TARGET, TinyConvNet, executorch_version, program_mode
+from benchmarks.executorch.environment import check_runnable
 from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import executorch_policy
 
@@ -51,9 +52,6 @@ CONFIGS: tuple[str, ...] = ("stock", "policy")
 
 STAGES: tuple[str, ...] = ("export", "quantize", "re-export")
 """The timed stages of one flow, in order."""
-
-_INSTALL_HINT = "pip install --no-deps -r requirements-executorch.txt (or: make test-executorch)"
-
 
 def _hits(mode: _ft.FakeTensorMode) -> tuple[int, int]:
     if isinstance(mode, tcp.FakeTensorMode):
@@ -180,8 +178,7 @@ def run(repeats: int, *, progress: Callable[[str], None] | None = None) -> dict[
         ImportError: ExecuTorch is not installed.
         ValueError: ``repeats`` is not positive.
     """
-    if executorch_version() is None:
-        raise ImportError(f"ExecuTorch is not installed: {_INSTALL_HINT}")
+    check_runnable()
     if repeats < 1:
         raise ValueError(f"run(repeats=...): expected a positive number, got {repeats}")
     policy = executorch_policy()
