@@ -288,7 +288,7 @@ class Fuzzer:
     def register_namespace(self) -> None:
         model, ns = self.r.choice(self.models), self.r.choice(NAMESPACES)
         self.log.append(f"{model.policy!r}.register_namespace({ns!r})")
-        lib_form = T._lib if ns == T.NS and self.r.random() < 0.5 else ns
+        lib_form = T.TEST_OPS.lib if ns == T.NS and self.r.random() < 0.5 else ns
         self.check_decorator(model.policy.register_namespace(lib_form))
         model.namespaces.add(ns)
 
