@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -33,17 +32,17 @@ q_per_tensor = qd.quantize_per_tensor.default
 API = r"torch_cachepolicy\.export\(\.\.\.\): "  # every error message starts by naming the call
 
 # A backend namespace of this test's own: its fake kernel counts its calls.
-NS = "tcp_export_test"
-kernel_calls: collections.Counter[str] = collections.Counter()
-_lib = torch.library.Library(NS, "DEF")
-_lib.define("rescale(Tensor x, float scale) -> Tensor")
-torch.library.impl(f"{NS}::rescale", "CompositeExplicitAutograd", lambda x, scale: x * scale, lib=_lib)
+EXPORT_OPS = T.CountedOps("tcp_export_test")
+NS = EXPORT_OPS.ns
+kernel_calls = EXPORT_OPS.calls
 
 
-@torch.library.register_fake(f"{NS}::rescale", lib=_lib)
+@EXPORT_OPS.define("rescale(Tensor x, float scale) -> Tensor")
 def _rescale_fake(x: torch.Tensor, scale: float) -> torch.Tensor:
-    kernel_calls["rescale"] += 1
     return torch.empty_like(x)
+
+
+torch.library.impl(f"{NS}::rescale", "CompositeExplicitAutograd", lambda x, scale: x * scale, lib=EXPORT_OPS.lib)
 
 
 rescale = torch.ops.tcp_export_test.rescale.default

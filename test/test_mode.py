@@ -891,27 +891,16 @@ def reaches(root: object, target: object, limit: int = 200_000) -> bool:
 # Ops whose owners declare torch's own cacheability tags (Note [Reusing
 # torch's validation] in mode.py): torch.Tag is a closed enum (tags.yaml), and
 # these three are the tags _validate_cache_key reads.
-DECL_NS = "tcp_decl"
-_decl_lib = torch.library.Library(DECL_NS, "DEF")
+# Their kernels count in T.calls, which CachePolicyTestCase clears before each test.
+DECL_OPS = T.CountedOps("tcp_decl", calls=T.calls)
+DECL_NS = DECL_OPS.ns
 TAG_REASONS = {
     "data_dependent_output": "data dependent output",
     "dynamic_output_shape": "dynamic output shape",
     "inplace_view": "inplace view",
 }
-
-
-def _define_tagged(tag: str) -> None:
-    _decl_lib.define(f"{tag}(Tensor x) -> Tensor", tags=(getattr(torch.Tag, tag),))
-
-    def fake(x: torch.Tensor) -> torch.Tensor:
-        T.calls[tag] += 1
-        return torch.empty_like(x)
-
-    torch.library.register_fake(f"{DECL_NS}::{tag}", fake, lib=_decl_lib)
-
-
 for _tag in TAG_REASONS:
-    _define_tagged(_tag)
+    DECL_OPS.define(f"{_tag}(Tensor x) -> Tensor", tags=(getattr(torch.Tag, _tag),))(torch.empty_like)
 
 
 @torch.library.custom_op(f"{DECL_NS}::tagged_custom", mutates_args=(), tags=(torch.Tag.data_dependent_output,))
@@ -919,10 +908,7 @@ def tagged_custom(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
 
 
-@tagged_custom.register_fake
-def _tagged_custom_fake(x: torch.Tensor) -> torch.Tensor:
-    T.calls["tagged_custom"] += 1
-    return torch.empty_like(x)
+tagged_custom.register_fake(DECL_OPS.counted("tagged_custom", torch.empty_like))
 
 
 class TestOwnerDeclarations(CachePolicyTestCase):
@@ -970,7 +956,7 @@ class TestOwnerDeclarations(CachePolicyTestCase):
         """An owner cannot invent a tag such as 'fake_cacheable': Tag is generated from tags.yaml."""
         self.assertFalse(hasattr(torch.Tag, "fake_cacheable"))
         with self.assertRaises(TypeError):
-            _decl_lib.define("untagged(Tensor x) -> Tensor", tags=("fake_cacheable",))  # type: ignore[arg-type]
+            DECL_OPS.lib.define("untagged(Tensor x) -> Tensor", tags=("fake_cacheable",))  # type: ignore[arg-type]
         with self.assertRaises(TypeError):
             torch.library.custom_op(
                 f"{DECL_NS}::strtag", mutates_args=(), schema="(Tensor x) -> Tensor", tags=("fake_cacheable",)  # type: ignore[arg-type]
@@ -994,10 +980,7 @@ class TestOwnerDeclarations(CachePolicyTestCase):
         hop = DeclHop()
         hop.fallthrough(torch._C.DispatchKey.AutogradCPU)
 
-        @register_hop_fake(hop, skip_cache=skip_cache)
-        def _fake(x: torch.Tensor) -> torch.Tensor:
-            T.calls[name] += 1
-            return torch.empty_like(x)
+        register_hop_fake(hop, DECL_OPS.counted(name, torch.empty_like), skip_cache=skip_cache)
 
         mode = tcp.FakeTensorMode(cache_policy=backend_policy())
         with mode:
