@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
@@ -454,7 +454,7 @@ class TestAdoptedPrograms(TestCase):
 
     def test_quantized_ops_hit_on_the_second_replay(self) -> None:
         """quantized_decomposed ops are served from the adopted mode's cache on a second replay."""
-        ep = export_mlp(features=T.fresh_size())
+        ep = export_mlp(features=testing.fresh_size())
         mode = adopt(ep, cache_policy=backend_policy(), cache_crosscheck=True)
         Replay.under(ep.graph_module, mode)
         first = {op: mode.cache_report()[op] for op in (q_per_tensor, dq_per_tensor)}
@@ -482,7 +482,7 @@ class TestAdoptedPrograms(TestCase):
     @parametrize("isolated", [False, True])
     def test_default_and_isolated_store(self, isolated: bool) -> None:
         """Default store: the first replay's aten ops hit what export left in torch's storage; isolated: they miss."""
-        ep = export_mlp(features=T.fresh_size())
+        ep = export_mlp(features=testing.fresh_size())
         mode = adopt(ep, cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=isolated))
         Replay.under(ep.graph_module, mode)
         first = mode.cache_report().by_namespace()

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -26,14 +26,14 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
 
-conv, pair, size0 = T.op("conv"), T.op("pair"), T.op("size0")
-bad_view, good_view, mut = T.op("bad_view"), T.op("good_view"), T.op("mut")
+conv, pair, size0 = testing.op("conv"), testing.op("pair"), testing.op("size0")
+bad_view, good_view, mut = testing.op("bad_view"), testing.op("good_view"), testing.op("mut")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 aten = torch.ops.aten
 
 ITERATIONS = 40
-BACKEND_NAMESPACES = (T.NS, "quantized_decomposed")
+BACKEND_NAMESPACES = (testing.NS, "quantized_decomposed")
 
 
 def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
@@ -171,7 +171,7 @@ class TestConcurrency(TestCase):
 
         exact = [
             Worker("backend", isolated(backend_policy)),
-            Worker("context", isolated(lambda: tcp.CachePolicy(namespaces=[T.NS], context_key=lambda: "ctx"))),
+            Worker("context", isolated(lambda: tcp.CachePolicy(namespaces=[testing.NS], context_key=lambda: "ctx"))),
             Worker("deny", isolated(lambda: backend_policy(deny=[conv, aten.sin.default]))),
             Worker("no-builtins", isolated(lambda: backend_policy(include_builtins=False))),
             Worker("default-policy", isolated(tcp.CachePolicy)),
@@ -198,10 +198,10 @@ class TestConcurrency(TestCase):
             solo.run()
             alone[w.name] = solo
 
-        before = T.stock_info()
+        before = testing.stock_info()
         with GlobalStateSampler() as sampler:
             errors = run_concurrently(everyone)
-        after = T.stock_info()
+        after = testing.stock_info()
         self.assertNoErrors(errors)
         self.assertEqual(sampler.problems, [])
         self.assertGreater(sampler.samples, 0)
@@ -260,7 +260,7 @@ class TestConcurrency(TestCase):
         reference = Worker("reference", lambda: tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(include_builtins=False)))
         reference.run()
         rule_changes = [
-            lambda: policy.register_namespace(T.NS),
+            lambda: policy.register_namespace(testing.NS),
             lambda: policy.register_op(q_per_tensor),
             lambda: policy.deny(conv),
             lambda: policy.register_namespace("quantized_decomposed"),

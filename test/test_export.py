@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 import torch.utils._pytree as pytree
@@ -32,7 +32,7 @@ q_per_tensor = qd.quantize_per_tensor.default
 API = r"torch_cachepolicy\.export\(\.\.\.\): "  # every error message starts by naming the call
 
 # A backend namespace of this test's own: its fake kernel counts its calls.
-EXPORT_OPS = T.CountedOps("tcp_export_test")
+EXPORT_OPS = testing.CountedOps("tcp_export_test")
 NS = EXPORT_OPS.ns
 kernel_calls = EXPORT_OPS.calls
 
@@ -267,7 +267,7 @@ class TestCachingDuringAndAfterExport(TestCase):
 
     def test_export_itself_dispatches_through_the_mode(self) -> None:
         """Backend ops traced by export hit the policy mode's cache; a stock export runs each kernel."""
-        case = Case(lambda: Backend(T.fresh_size()), (None,))
+        case = Case(lambda: Backend(testing.fresh_size()), (None,))
         module = case.make()
         args = (torch.randn(4, module.inner.in_features),)
         torch.export.export(module, args)
@@ -316,7 +316,7 @@ class TestCachingDuringAndAfterExport(TestCase):
     def test_store_shared_across_exports(self) -> None:
         """Two exports given one store: the second hits the backend entries the first made."""
         store = tcp.CacheStore()
-        module = Backend(T.fresh_size())
+        module = Backend(testing.fresh_size())
         args = (torch.randn(4, module.inner.in_features),)
         first = program_mode(tcp.export(module, args, cache_policy=policy(), cache_store=store))
         kernel_calls.clear()
@@ -349,7 +349,7 @@ class TestEnvironment(TestCase):
             seen.append(library_utils.is_builtin)
             return torch.empty_like(x)
 
-        before = T.stock_info()
+        before = testing.stock_info()
         unsafe = torch._functorch.config.fake_tensor_allow_unsafe_data_ptr_access
         try:
             torch.library.register_fake(f"{NS}::rescale", spy, lib=spy_lib)
@@ -361,7 +361,7 @@ class TestEnvironment(TestCase):
         self.assertEqual(seen, [original_is_builtin] * len(seen))
         self.assertGreater(len(seen), 0)
         self.assertIs(library_utils.is_builtin, original_is_builtin)
-        self.assertEqual(T.stock_info()[:3], before[:3])
+        self.assertEqual(testing.stock_info()[:3], before[:3])
         for ns in ("quantized_decomposed", NS):
             stored = [
                 k

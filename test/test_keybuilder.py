@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import test_opinfo_crosscheck as OX
+import test_opinfo_crosscheck
 import torch
 import torch.utils._pytree as pytree
-import zoo_ops as Z
+import zoo_ops as zoo
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _DispatchCacheKey
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -158,10 +158,13 @@ def sweep_op(opinfo: OpInfo, device: str) -> Parity:
     """The crosscheck sweep's samples of ``opinfo``, each called once in a ParityMode."""
     parity = Parity()
     with quiet():
-        for dtype in OX.dtypes_for(opinfo):
+        for dtype in test_opinfo_crosscheck.dtypes_for(opinfo):
             try:
                 samples = list(
-                    itertools.islice(opinfo.sample_inputs(device, dtype, requires_grad=False), OX.SAMPLES_PER_OP)
+                    itertools.islice(
+                        opinfo.sample_inputs(device, dtype, requires_grad=False),
+                        test_opinfo_crosscheck.SAMPLES_PER_OP,
+                    )
                 )
             except Exception:
                 continue
@@ -206,12 +209,12 @@ def sweep_workload(name: str) -> Parity:
 def sweep_zoo() -> Parity:
     """Every kernel-zoo case's call sequence in a ParityMode (stock caching, so zoo ops bypass)."""
     parity = Parity()
-    for case in Z.CASES:
+    for case in zoo.CASES:
         if case.reset is not None:
             case.reset()
         try:
             mode = ParityMode(parity, shape_env=ShapeEnv() if case.symbolic else None)
-            env = Z.Env.make(mode, case.symbolic)
+            env = zoo.Env.make(mode, case.symbolic)
             call = None
             with mode, quiet():
                 for i, step in enumerate(case.steps):
@@ -240,7 +243,7 @@ class TestKeyBuilderOpInfo(TestCase):
         super().setUp()
         SWEEP_STARTED.add(self._testMethodName)
 
-    @ops(op_db[OX.SHARD[0] :: OX.SHARD[1]], dtypes=OpDTypes.none)
+    @ops(op_db[test_opinfo_crosscheck.SHARD[0] :: test_opinfo_crosscheck.SHARD[1]], dtypes=OpDTypes.none)
     def test_op_db_keys(self, device: str, op: OpInfo) -> None:
         """Every key of the op's samples that a builder handles equals torch's."""
         parity = sweep_op(op, device)
@@ -271,7 +274,7 @@ class TestKeyBuilderSweeps(TestCase):
         if expected - SWEEP_STARTED:
             self.skipTest("not every per-op test ran in this process (-k selection?)")
         self.assertParity("op_db", SWEEP, 0.9)
-        self.assertGreater(SWEEP.keys, 1000 // OX.SHARD[1])
+        self.assertGreater(SWEEP.keys, 1000 // test_opinfo_crosscheck.SHARD[1])
 
     @parametrize("name", ["qdq", "dialect", "aten-only", "symbolic"])
     def test_workload_keys(self, name: str) -> None:

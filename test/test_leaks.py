@@ -15,7 +15,7 @@ import tracemalloc
 import weakref
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 from test_mode import reaches
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -26,7 +26,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_cachepolicy as tcp
 import torch_cachepolicy.store as store_module
 
-conv, pair, size0, good_view = T.op("conv"), T.op("pair"), T.op("size0"), T.op("good_view")
+conv, pair, size0, good_view = testing.op("conv"), testing.op("pair"), testing.op("size0"), testing.op("good_view")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 
@@ -39,7 +39,7 @@ FLAT_BOUND_BYTES = 64 * 1024
 
 
 def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
-    return tcp.CachePolicy(namespaces=[T.NS, "quantized_decomposed"], **kwargs)
+    return tcp.CachePolicy(namespaces=[testing.NS, "quantized_decomposed"], **kwargs)
 
 
 def replay(x4: torch.Tensor, x2: torch.Tensor) -> int:
@@ -151,15 +151,15 @@ class TestCollected(TestCase):
         """Entries of a replaced fake kernel stay reachable from the store until the store dies."""
         store = tcp.CacheStore()
         mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        holder = torch._library.simple_registry.singleton.find(f"{T.NS}::swappable")
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        holder = torch._library.simple_registry.singleton.find(f"{testing.NS}::swappable")
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             with mode:
                 x = torch.empty(2, 3)
-                T.op("swappable")(x)
+                testing.op("swappable")(x)
                 old = holder.fake_impl.kernel.func
-                torch.library.register_fake(f"{T.NS}::swappable", T.swappable_v2, lib=lib)
-                self.assertEqual(T.op("swappable")(x).shape, (2, 1))
+                torch.library.register_fake(f"{testing.NS}::swappable", testing.swappable_v2, lib=lib)
+                self.assertEqual(testing.op("swappable")(x).shape, (2, 1))
                 new = holder.fake_impl.kernel.func
         finally:
             lib._destroy()
@@ -176,7 +176,10 @@ class TestManyModes(TestCase):
         modes: weakref.WeakSet[tcp.FakeTensorMode] = weakref.WeakSet()
         stores: weakref.WeakSet[tcp.CacheStore] = weakref.WeakSet()
         shape_envs: list[weakref.ref[ShapeEnv]] = []
-        before = positive_entries(StockMode.cache, T.NS), positive_entries(StockMode.cache, "quantized_decomposed")
+        before = (
+            positive_entries(StockMode.cache, testing.NS),
+            positive_entries(StockMode.cache, "quantized_decomposed"),
+        )
         for i in range(SHORT_LIVED_MODES):
             symbolic_mode = i % 10 == 0
             mode = tcp.FakeTensorMode(
@@ -203,7 +206,10 @@ class TestManyModes(TestCase):
             len(env.__dict__.get(store_module._SHAPE_ENV_ATTR, {})) for env in (r() for r in shape_envs) if env is not None
         )
         self.assertEqual(leftover_tables, 0)
-        after = positive_entries(StockMode.cache, T.NS), positive_entries(StockMode.cache, "quantized_decomposed")
+        after = (
+            positive_entries(StockMode.cache, testing.NS),
+            positive_entries(StockMode.cache, "quantized_decomposed"),
+        )
         self.assertEqual(after, before)
 
 
