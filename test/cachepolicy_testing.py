@@ -8,13 +8,17 @@ defines ``tcp_zoo`` the same way.
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines quantized_decomposed ops)
 from torch._ops import OpOverload
+
+import torch_cachepolicy as tcp
 
 KernelT = TypeVar("KernelT", bound=Callable[..., Any])
 
@@ -174,3 +178,46 @@ def stock_info() -> tuple[int, int, dict[str, int], int]:
     """Stock FakeTensorMode's class-wide cache counters: (hits, misses, bypasses by reason, size)."""
     info = torch._subclasses.fake_tensor.FakeTensorMode.cache_info()
     return info.hits, info.misses, dict(info.bypasses), info.size
+
+
+def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
+    """A policy caching the tcp_test and quantized_decomposed backend ops; ``kwargs`` go to CachePolicy."""
+    return tcp.CachePolicy(namespaces=[NS, "quantized_decomposed"], **kwargs)
+
+
+def qdq(x: torch.Tensor) -> torch.Tensor:
+    """Quantizes ``x`` to int8 and back, as a backend's explicit q/dq pair does."""
+    q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
+    return torch.ops.quantized_decomposed.dequantize_per_tensor(q, 0.05, 0, -128, 127, torch.int8)
+
+
+def size_key(v: object) -> object:
+    """A size as its expression: comparing it installs no guard."""
+    if isinstance(v, torch.SymInt):
+        expr = v.node.expr
+        return int(expr) if expr.is_number else expr
+    return v
+
+
+def sharing(values: list[torch.Tensor]) -> list[tuple[int, ...]]:
+    """For each value, the indices of the values sharing its storage."""
+    ids = [v.untyped_storage()._cdata for v in values]
+    return [tuple(j for j, other in enumerate(ids) if other == mine) for mine in ids]
+
+
+def reaches(root: object, target: object, limit: int = 200_000) -> bool:
+    """Whether ``target`` is reachable from ``root`` through containers and plain objects.
+
+    Not through operators, modules, types or functions, which lead into torch's global state.
+    """
+    stop = (torch._ops.OperatorBase, types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    seen, todo = {id(root)}, [root]
+    while todo and len(seen) < limit:
+        for ref in gc.get_referents(todo.pop()):
+            if ref is target:
+                return True
+            if id(ref) not in seen and not isinstance(ref, stop):
+                seen.add(id(ref))
+                todo.append(ref)
+    return False
+

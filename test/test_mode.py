@@ -39,10 +39,6 @@ q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 
 
-def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
-    return tcp.CachePolicy(namespaces=[testing.NS, "quantized_decomposed"], **kwargs)
-
-
 def storage(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -75,7 +71,7 @@ class CachePolicyTestCase(TestCase):
 class TestBackendCaching(CachePolicyTestCase):
     def test_backend_op_runs_its_fake_kernel_once(self) -> None:
         """A registered-namespace op runs its fake kernel once, then hits."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(2, 3, 8, 8)
             outs = [conv(x, 2) for _ in range(4)]
@@ -96,7 +92,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_quantized_decomposed_ops(self) -> None:
         """Real quantized_decomposed ops shipped with torch are served from cache."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(4, testing.fresh_size())
             for _ in range(3):
@@ -109,7 +105,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_crosscheck_runs_on_every_hit(self) -> None:
         """With crosscheck on, each hit re-runs the kernel and compares."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 5, 5)
             for _ in range(3):
@@ -129,7 +125,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_crosscheck_catches_a_wrong_entry(self) -> None:
         """A corrupted entry is reported by crosscheck instead of returned."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 6, 6)
             conv(x, 1)
@@ -146,7 +142,7 @@ class TestBackendCaching(CachePolicyTestCase):
     def test_symbolic_shapes(self) -> None:
         """Backend ops on symbolic inputs are cached per ShapeEnv, outside torch's caches."""
         shape_env = ShapeEnv()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_crosscheck=True)
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * 3)
         x = mode.from_tensor(torch.empty(3, 2, 8, 8), symbolic_context=ctx)
         with mode:
@@ -210,7 +206,7 @@ class TestSafety(CachePolicyTestCase):
             yield
 
     def _unbacked_symbols(self) -> tuple[Any, Any]:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
         with mode:
             x = torch.empty(4, 4)
             return dyn(x), dyn(x)
@@ -225,7 +221,7 @@ class TestSafety(CachePolicyTestCase):
 
     def test_scalar_output_derived_from_inputs_is_cached(self) -> None:
         """A SymInt output made of input symbols is safe to cache."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
         x = mode.from_tensor(
             torch.empty(5, 2),
             symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]),
@@ -236,7 +232,7 @@ class TestSafety(CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[size0].hits, 1)
 
     def _undeclared_alias(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(3, 3)
             return x, [testing.op("bad_view")(x) for _ in range(2)]
@@ -250,7 +246,7 @@ class TestSafety(CachePolicyTestCase):
         self.assertNotEqual(storage(outs[1]), storage(x))
 
     def _twins(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        with tcp.FakeTensorMode(cache_policy=backend_policy()):
+        with tcp.FakeTensorMode(cache_policy=testing.backend_policy()):
             x = torch.empty(2, 2)
             return [testing.op("twins")(x) for _ in range(2)]
 
@@ -282,7 +278,7 @@ class TestSafety(CachePolicyTestCase):
 
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(3, 3)
             outs = [testing.op("good_view")(x) for _ in range(3)]
@@ -298,15 +294,15 @@ class TestSafety(CachePolicyTestCase):
 
     def test_mutating_op_needs_an_explicit_opt_in(self) -> None:
         """A Tensor(a!) op runs its kernel every time unless allowed by name."""
-        self.assertEqual(self._mutations(backend_policy()), 3)
+        self.assertEqual(self._mutations(testing.backend_policy()), 3)
         testing.calls.clear()
-        self.assertEqual(self._mutations(backend_policy(allow=[testing.op("mut")])), 1)
+        self.assertEqual(self._mutations(testing.backend_policy(allow=[testing.op("mut")])), 1)
         testing.calls.clear()
         with self.naive():
-            self.assertEqual(self._mutations(backend_policy()), 1)
+            self.assertEqual(self._mutations(testing.backend_policy()), 1)
 
     def _multi_view(self) -> tcp.FakeTensorMode:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x, y = torch.empty(2, 2), torch.empty(2, 2)
             testing.op("multi_view")(x, y)
@@ -325,7 +321,7 @@ class TestSafety(CachePolicyTestCase):
         op = getattr(torch.ops.tcp_test.swappable, overload)
         extra = () if overload == "default" else (3,)
         name = op.name()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             with mode:
@@ -355,14 +351,14 @@ class TestSafety(CachePolicyTestCase):
             return dtypes
 
         expected = [torch.float32, torch.int8, torch.float32, torch.int8]
-        self.assertEqual(run(backend_policy(context_key=lambda: testing.ambient["dtype"])), expected)
+        self.assertEqual(run(testing.backend_policy(context_key=lambda: testing.ambient["dtype"])), expected)
         self.assertEqual(testing.calls["ambient_cast"], 2)
-        self.assertNotEqual(run(backend_policy()), expected)  # without the hook: stale
+        self.assertNotEqual(run(testing.backend_policy()), expected)  # without the hook: stale
 
     def test_context_namespaces_limit_the_context(self) -> None:
         """With context_namespaces, ops of other namespaces share entries across contexts."""
         ambient_cast = testing.op("ambient_cast")
-        policy = backend_policy(context_key=lambda: testing.ambient["dtype"], context_namespaces=[testing.NS])
+        policy = testing.backend_policy(context_key=lambda: testing.ambient["dtype"], context_namespaces=[testing.NS])
         mode = tcp.FakeTensorMode(cache_policy=policy)
         with mode:
             x = torch.empty(2, testing.fresh_size())
@@ -527,7 +523,7 @@ class TestVerification(CachePolicyTestCase):
         """A backend kernel calling a denied op is not cached either."""
         self.lib.define("outer(Tensor x) -> Tensor")
         torch.library.register_fake("tcp_verify::outer", lambda x: conv(x, 1), lib=self.lib)
-        policy = backend_policy()
+        policy = testing.backend_policy()
         policy.register_namespace("tcp_verify")
         policy.deny(conv)
         mode = tcp.FakeTensorMode(cache_policy=policy)
@@ -556,7 +552,7 @@ class TestIsolation(CachePolicyTestCase):
         lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             torch.library.register_fake(f"{testing.NS}::conv", spy, lib=lib)
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env)
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env)
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
             x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
             n = testing.fresh_size()
@@ -593,7 +589,7 @@ class TestIsolation(CachePolicyTestCase):
 
         thread = threading.Thread(target=stock_worker)
         thread.start()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(1, 1, 4, 4)
             barrier.wait()
@@ -640,7 +636,7 @@ class TestIsolation(CachePolicyTestCase):
         results: dict[int, tcp.FakeTensorMode] = {}
 
         def worker(i: int) -> None:
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
             with mode:
                 x = torch.empty(1, 1, 4, 4 + i)
                 for _ in range(10 * (i + 1)):
@@ -680,7 +676,7 @@ class TestIdentity(CachePolicyTestCase):
         self.assertTrue(
             any(isinstance(StockMode.cache[k], _DispatchCacheBypassEntry) for k in keys_for_namespace(StockMode.cache, testing.NS))
         )
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(1, 1, 7, 7)
             conv(x, 1)
@@ -692,7 +688,7 @@ class TestIdentity(CachePolicyTestCase):
         n = testing.fresh_size()
         with StockMode():
             torch.empty(n).exp()  # torch's storage now holds an entry for it
-        policy = backend_policy(deny=[torch.ops.aten.exp.default, conv])
+        policy = testing.backend_policy(deny=[torch.ops.aten.exp.default, conv])
         mode = tcp.FakeTensorMode(cache_policy=policy)
         with mode:
             x = torch.empty(n)
@@ -705,9 +701,9 @@ class TestIdentity(CachePolicyTestCase):
     def test_shared_store_keeps_policies_apart(self) -> None:
         """Two policies sharing a store never see each other's entries."""
         store = tcp.CacheStore()
-        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: "b"), cache_store=store)
-        c = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: "b"), cache_store=store)
+        c = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
         for mode in (a, b, c):
             with mode:
                 conv(torch.empty(1, 1, 5, 5), 1)
@@ -717,7 +713,7 @@ class TestIdentity(CachePolicyTestCase):
     def test_replacing_the_policy(self) -> None:
         """mode.cache_policy can be replaced, and is validated."""
         mode = tcp.FakeTensorMode()
-        mode.cache_policy = backend_policy()
+        mode.cache_policy = testing.backend_policy()
         with mode:
             conv(torch.empty(1, 1, 2, 2), 1)
             conv(torch.empty(1, 1, 2, 2), 1)
@@ -728,7 +724,7 @@ class TestIdentity(CachePolicyTestCase):
     def test_cleared_partition_stays_shared(self) -> None:
         """After cache_clear(), modes sharing the store and policy still share entries."""
         store = tcp.CacheStore()
-        policy = backend_policy()
+        policy = testing.backend_policy()
         a, b, c = (tcp.FakeTensorMode(cache_policy=policy, cache_store=store) for _ in range(3))
         with a:
             conv(torch.empty(1, 1, 3, 9), 1)
@@ -746,8 +742,8 @@ class TestIdentity(CachePolicyTestCase):
     def test_cache_clear_clears_this_instance_only(self) -> None:
         """cache_clear() resets this mode; another mode's entries and counters stay."""
         store = tcp.CacheStore()
-        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: 1), cache_store=store)
+        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: 1), cache_store=store)
         for mode in (a, b):
             with mode:
                 conv(torch.empty(1, 1, 5, 6), 1)
@@ -872,24 +868,6 @@ class TestHigherOrderOps(CachePolicyTestCase):
         self.assertEqual(len(store), size - 1)
 
 
-def reaches(root: object, target: object, limit: int = 200_000) -> bool:
-    """Whether ``target`` is reachable from ``root`` through containers and
-    plain objects (not through operators, modules, types or functions, which
-    lead into torch's global state)."""
-    import types
-
-    stop = (torch._ops.OperatorBase, types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-    seen, todo = {id(root)}, [root]
-    while todo and len(seen) < limit:
-        for ref in gc.get_referents(todo.pop()):
-            if ref is target:
-                return True
-            if id(ref) not in seen and not isinstance(ref, stop):
-                seen.add(id(ref))
-                todo.append(ref)
-    return False
-
-
 # Ops whose owners declare torch's own cacheability tags (Note [Reusing
 # torch's validation] in mode.py): torch.Tag is a closed enum (tags.yaml), and
 # these three are the tags _validate_cache_key reads.
@@ -984,7 +962,7 @@ class TestOwnerDeclarations(CachePolicyTestCase):
 
         register_hop_fake(hop, DECL_OPS.counted(name, torch.empty_like), skip_cache=skip_cache)
 
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(2, 3)
             for _ in range(3):
@@ -996,7 +974,7 @@ class TestLifetime(CachePolicyTestCase):
     def test_mode_and_store_are_collected(self) -> None:
         """Dropping a mode frees it and its private store."""
         def make() -> tuple[weakref.ref[Any], ...]:
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
             x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
             with mode:
@@ -1013,14 +991,14 @@ class TestLifetime(CachePolicyTestCase):
         lru caches keep ShapeEnvs alive, so reachability is what we can test)."""
         store = tcp.CacheStore()
         shape_env = ShapeEnv()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_store=store)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_store=store)
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
         x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
         with mode:
             conv(x, 1)
         self.assertEqual(len(store), 1)
-        self.assertTrue(reaches(mode, shape_env))  # the helper does find real paths
-        self.assertFalse(reaches(store, shape_env))
+        self.assertTrue(testing.reaches(mode, shape_env))  # the helper does find real paths
+        self.assertFalse(testing.reaches(store, shape_env))
 
 
 def _make(kind: str) -> Any:
