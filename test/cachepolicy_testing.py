@@ -10,7 +10,12 @@ from __future__ import annotations
 import collections
 import gc
 import itertools
+import json
+import pathlib
+import subprocess
+import sys
 import types
+import unittest
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -21,6 +26,7 @@ from torch._ops import OpOverload
 import torch_cachepolicy as tcp
 
 KernelT = TypeVar("KernelT", bound=Callable[..., Any])
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 class CountedOps:
@@ -221,3 +227,27 @@ def reaches(root: object, target: object, limit: int = 200_000) -> bool:
                 todo.append(ref)
     return False
 
+
+def run_json_script(test: unittest.TestCase, script: str, env: dict[str, str], *python_flags: str) -> Any:
+    """Runs ``script`` with ``python -c`` in a fresh interpreter, from the repository root.
+
+    Args:
+        test: the test that fails, showing the script's stderr, if the interpreter exits non-zero.
+        script: the code; its last line of output is JSON.
+        env: the interpreter's whole environment.
+        python_flags: interpreter options before ``-c``.
+
+    Returns:
+        The JSON value of the script's last line of output.
+    """
+    proc = subprocess.run(
+        [sys.executable, *python_flags, "-c", script],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+    )
+    test.assertEqual(proc.returncode, 0, proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])

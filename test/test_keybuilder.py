@@ -19,15 +19,13 @@ import contextlib
 import itertools
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import cachepolicy_testing as testing
 import test_opinfo_crosscheck
 import torch
 import torch.utils._pytree as pytree
@@ -49,7 +47,6 @@ from torch.testing._internal.opinfo.core import OpInfo
 import torch_cachepolicy as tcp
 from torch_cachepolicy import keybuilder
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HANDLED = "handled"
 
 
@@ -516,17 +513,7 @@ class TestKeyBuilder(TestCase):
             """
         )
         env = {**os.environ, "TORCH_CACHEPOLICY_FORCE_PYTHON": "1"}
-        proc = subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", script],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = testing.run_json_script(self, script, env, "-W", "ignore")
         self.assertEqual((result["backend"], result["same"], result["hits"]), ("python", True, 1))
         self.assertGreaterEqual(result["built"], 2)  # the relu calls, and the ops making x
 
