@@ -11,17 +11,14 @@ on both backends, except the one the fallback documents it cannot see.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import unittest
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
+import cachepolicy_testing as testing
 import torch
 from torch._C import DispatchKey
 from torch.testing._internal.common_utils import (
@@ -42,7 +39,6 @@ try:
 except ImportError:
     _C = None
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 NO_CPP_REASON = (
     "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), "
     "so there is no C++ answer to compare with the Python fallback"
@@ -559,19 +555,9 @@ class TestFallback(TestCase):
         env = dict(os.environ, TORCH_CACHEPOLICY_FORCE_PYTHON="1")
         # The checkout must win over any other installed copy.
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+            p for p in (str(testing.REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = testing.run_json_script(self, script, env)
         self.assertEqual(result["backend"], "python")
         self.assertEqual(result["watch"], "_DumpKernelWatch")
         self.assertTrue(result["stable"])
