@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Runs in the child: the package from the tree in argv[1], this checkout's benchmarks.
 _CHILD = r"""
-import json, sys
+import json, statistics, sys
 batches, calls = int(sys.argv[1]), int(sys.argv[2])
 from torch._dispatch.python import enable_python_dispatcher
 import torch_cachepolicy as tcp
@@ -85,10 +85,11 @@ def _measure(tree: Path, batches: int, calls: int) -> dict[str, dict[str, float]
             [sys.executable, "-c", _CHILD, str(batches), str(calls)],
             env=env,
             cwd=tmp,
-            check=True,
             capture_output=True,
             text=True,
         )
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
     result: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

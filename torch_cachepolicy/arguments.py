@@ -9,6 +9,7 @@ the parameter, wherever it was passed.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +18,8 @@ from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
 
 __all__ = ["check_cache_arguments", "check_crosscheck", "check_policy", "check_store"]
+
+_T = TypeVar("_T")
 
 
 def check_cache_arguments(
@@ -40,32 +43,32 @@ def check_cache_arguments(
 
 def check_policy(where: str, value: object) -> CachePolicy | None:
     """``value`` if it is a ``CachePolicy`` or None, else a TypeError naming ``where``."""
-    if value is None or isinstance(value, CachePolicy):
-        return value
-    if isinstance(value, type) and issubclass(value, CachePolicy):
-        hint = f"; pass an instance: {value.__name__}(...)"
-    elif isinstance(value, CacheStore):
-        hint = "; pass a CacheStore as cache_store=..."
-    elif isinstance(value, (str, torch.library.Library)) or (
-        isinstance(value, Iterable) and not isinstance(value, (bytes, dict))
-    ):
-        hint = "; build one from namespaces: CachePolicy(namespaces=[...])"
-    else:
-        hint = ""
-    raise TypeError(f"{where}: expected a torch_cachepolicy.CachePolicy or None, got {describe_value(value)}{hint}")
+    names_given = isinstance(value, (str, torch.library.Library)) or (
+        isinstance(value, Iterable) and not isinstance(value, (bytes, dict, CacheStore))
+    )
+    hint = "; build one from namespaces: CachePolicy(namespaces=[...])" if names_given else ""
+    return _instance_or_none(where, value, CachePolicy, (CacheStore, "cache_store"), hint)
 
 
 def check_store(where: str, value: object) -> CacheStore | None:
     """``value`` if it is a ``CacheStore`` or None, else a TypeError naming ``where``."""
-    if value is None or isinstance(value, CacheStore):
+    return _instance_or_none(where, value, CacheStore, (CachePolicy, "cache_policy"), "")
+
+
+def _instance_or_none(where: str, value: Any, cls: type[_T], other: tuple[type, str], hint: str) -> _T | None:
+    """``value`` if it is a ``cls`` or None, else a TypeError naming ``where``.
+
+    ``other`` is the class of the other cache argument and its parameter: an
+    instance of it here was most likely meant for that parameter.
+    """
+    if value is None or isinstance(value, cls):
         return value
-    if isinstance(value, type) and issubclass(value, CacheStore):
-        hint = f"; pass an instance: {value.__name__}()"
-    elif isinstance(value, CachePolicy):
-        hint = "; pass a CachePolicy as cache_policy=..."
-    else:
-        hint = ""
-    raise TypeError(f"{where}: expected a torch_cachepolicy.CacheStore or None, got {describe_value(value)}{hint}")
+    other_cls, other_param = other
+    if isinstance(value, type) and issubclass(value, cls):
+        hint = f"; pass an instance: {value.__name__}(...)"
+    elif isinstance(value, other_cls):
+        hint = f"; pass a {other_cls.__name__} as {other_param}=..."
+    raise TypeError(f"{where}: expected a torch_cachepolicy.{cls.__name__} or None, got {describe_value(value)}{hint}")
 
 
 def check_crosscheck(where: str, value: object) -> bool | None:
