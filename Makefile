@@ -75,12 +75,12 @@ test-executorch: install
 bench-executorch: install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results
-	$(PYTHON) -m benchmarks.executorch_flow --flow all --census --json bench-results/executorch-tiny.json
+	$(PYTHON) -m benchmarks.executorch --flow all --census --json bench-results/executorch-tiny.json
 
 bench-executorch-large: install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results
-	$(PYTHON) -m benchmarks.executorch_flow --flow ethos-u55 --model large --census \
+	$(PYTHON) -m benchmarks.executorch --flow ethos-u55 --model large --census \
 		--json bench-results/executorch-large.json
 
 # torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.

@@ -31,7 +31,7 @@ if USE_CPP:
     ext_modules.append(
         CppExtension(
             "torch_cachepolicy._C",
-            ["csrc/keyset.cpp", "csrc/keybuilder.cpp", "csrc/synth.cpp", "csrc/keyparts.cpp"],
+            ["csrc/module.cpp", "csrc/keyset.cpp", "csrc/keybuilder.cpp", "csrc/keyparts.cpp", "csrc/synth.cpp"],
             extra_compile_args={"cxx": ["-O2"]},
         )
     )

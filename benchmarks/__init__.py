@@ -6,12 +6,14 @@ with ``torch_cachepolicy`` installed:
 * ``python -m benchmarks.replay [--quick]``: ExportPass-style FakeTensor
   replays under stock torch, the PR 21700 global-patch baseline and a policy
   mode, with hit costs and memory retention (``make bench``, ``make bench-full``);
-* ``python -m benchmarks.executorch_flow``: ExecuTorch 1.5.1's Ethos-U55
-  lowering under the same configurations (needs ``requirements-executorch.txt``);
+* ``python -m benchmarks.executorch``: ExecuTorch 1.5.1's lowerings
+  (Ethos-U55, Cortex-M, XNNPACK) under the same configurations (needs
+  ``requirements-executorch.txt``);
 * ``python -m benchmarks.keyset_classify``: the C++ helper's batched
   dispatcher-keyset classification against the Python fallback.
 
 :mod:`benchmarks.global_patch` is the baseline the first two compare against:
 the only code in the repository that writes torch's global state, which is
-why it lives here and not in the library.
+why it lives here and not in the library. :mod:`benchmarks.timing` is the
+one timer every suite measures with.
 """

@@ -1,7 +1,7 @@
 """MEASUREMENT ONLY: records which FakeTensorMode served each fake dispatch, and for how long.
 
 Used by the ExecuTorch integration tests and by ``python -m
-benchmarks.executorch_flow --census``; never by the library, and never around a
+benchmarks.executorch --census``; never by the library, and never around a
 timed lowering (the wrapper costs a few microseconds per dispatch). While a
 :func:`recording` scope is active it replaces, on torch's ``FakeTensorMode``
 class only, ``__init__`` (to learn where each mode was created) and

@@ -5,7 +5,7 @@ repository root with ExecuTorch 1.5.1 installed (``pip install --no-deps -r
 requirements-executorch.txt``). This module imports without ExecuTorch: every
 ExecuTorch import happens inside the functions that need it.
 
-One round runs the pt2e flow on :class:`benchmarks.executorch_flow.TinyConvNet`
+One round runs the pt2e flow on :class:`benchmarks.executorch.TinyConvNet`
 for ``ethos-u55-128`` (``EthosUQuantizer`` with
 ``get_symmetric_quantization_config()``) under each configuration:
 
@@ -28,13 +28,10 @@ stock re-exported program, and the floor under it, torch's converter
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +40,9 @@ from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
-from benchmarks.executorch_flow import ETHOS_U_TARGET, TinyConvNet, executorch_version, program_mode
+from benchmarks.executorch import ETHOS_U_TARGET, TinyConvNet, executorch_version, program_mode
+from benchmarks.executorch.environment import check_runnable
+from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import executorch_policy
 
 __all__ = ["CONFIGS", "STAGES", "adopt_cost", "main", "pt2e_flow", "render_markdown", "run"]
@@ -53,23 +52,6 @@ CONFIGS: tuple[str, ...] = ("stock", "policy")
 
 STAGES: tuple[str, ...] = ("export", "quantize", "re-export")
 """The timed stages of one flow, in order."""
-
-_INSTALL_HINT = "pip install --no-deps -r requirements-executorch.txt (or: make test-executorch)"
-
-
-@contextlib.contextmanager
-def _timed() -> Iterator[list[float]]:
-    """Yields a list that receives wall and CPU seconds, GC off meanwhile."""
-    out: list[float] = []
-    gc.collect()
-    gc.disable()
-    start, cpu = time.perf_counter(), time.process_time()
-    try:
-        yield out
-    finally:
-        out += [time.perf_counter() - start, time.process_time() - cpu]
-        gc.enable()
-
 
 def _hits(mode: _ft.FakeTensorMode) -> tuple[int, int]:
     if isinstance(mode, tcp.FakeTensorMode):
@@ -115,21 +97,21 @@ def pt2e_flow(config: str, *, policy: tcp.CachePolicy | None = None, seed: int =
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     cache: dict[str, tuple[int, int]] = {}
-    with _timed() as t:
+    with timed() as t:
         ep = export(model, example)
-    wall["export"], cpu["export"] = t
+    wall["export"], cpu["export"] = t.seconds, t.cpu_seconds
     mode = program_mode(ep)
     cache["export"] = _hits(mode)
-    with _timed() as t:
+    with timed() as t:
         prepared = prepare_pt2e(ep.module(), quantizer)
         prepared(*example)  # calibration
         converted = convert_pt2e(prepared)
-    wall["quantize"], cpu["quantize"] = t
+    wall["quantize"], cpu["quantize"] = t.seconds, t.cpu_seconds
     after = _hits(mode)
     cache["quantize"] = (after[0] - cache["export"][0], after[1] - cache["export"][1])
-    with _timed() as t:
+    with timed() as t:
         program = export(converted, example)
-    wall["re-export"], cpu["re-export"] = t
+    wall["re-export"], cpu["re-export"] = t.seconds, t.cpu_seconds
     new_mode = program_mode(program)
     cache["re-export"] = _hits(new_mode)
     result: dict[str, Any] = {"wall": wall, "cpu": cpu, "program": program, "code": program.graph_module.code}
@@ -156,17 +138,17 @@ def adopt_cost(program: ExportedProgram, policy: tcp.CachePolicy) -> dict[str, f
     fakes = [fake for _, values in sites for fake in values]
     old = program_mode(program)
     scratch = _ft.FakeTensorMode(shape_env=old.shape_env, allow_non_fake_inputs=True, export=True)
-    with _ft.unset_fake_temporarily(), _timed() as floor:
+    with _ft.unset_fake_temporarily(), timed() as floor:
         copies = [scratch.from_tensor(fake) for fake in fakes]
     del copies
-    with _timed() as adopted:
+    with timed() as adopted:
         tcp.adopt(program, cache_policy=policy)
     return {
         "values": len(fakes),
-        "floor_wall": floor[0],
-        "floor_cpu": floor[1],
-        "adopt_wall": adopted[0],
-        "adopt_cpu": adopted[1],
+        "floor_wall": floor.seconds,
+        "floor_cpu": floor.cpu_seconds,
+        "adopt_wall": adopted.seconds,
+        "adopt_cpu": adopted.cpu_seconds,
     }
 
 
@@ -196,8 +178,7 @@ def run(repeats: int, *, progress: Callable[[str], None] | None = None) -> dict[
         ImportError: ExecuTorch is not installed.
         ValueError: ``repeats`` is not positive.
     """
-    if executorch_version() is None:
-        raise ImportError(f"ExecuTorch is not installed: {_INSTALL_HINT}")
+    check_runnable()
     if repeats < 1:
         raise ValueError(f"run(repeats=...): expected a positive number, got {repeats}")
     policy = executorch_policy()

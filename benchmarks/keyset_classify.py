@@ -9,14 +9,13 @@ out. Run it with ``python -m benchmarks.keyset_classify`` from the repository ro
 
 from __future__ import annotations
 
-import gc
 import statistics
-import time
 from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
+from benchmarks.timing import timed
 from torch_cachepolicy import keyset
 
 _C: ModuleType | None
@@ -46,16 +45,9 @@ def _operators_with_schema() -> list[str]:
 
 def _time_once(fn: Callable[[], list[int]]) -> tuple[float, list[int]]:
     # The collector would charge one path for garbage the other one left.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.perf_counter()
+    with timed(collect=False) as timing:
         result = fn()
-        elapsed = time.perf_counter() - start
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return elapsed, result
+    return timing.seconds, result
 
 
 def run(repeats: int = 5) -> dict[str, object]:

@@ -30,6 +30,8 @@
 // kept only if the tensor is contiguous in it, as extract_tensor_metadata
 // does.
 
+#include "module.h"
+
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 

@@ -17,6 +17,8 @@
 // says false the caller runs the full pass, which decides. Containers are
 // list, tuple and dict (values and keys), as in the full pass.
 
+#include "module.h"
+
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <pybind11/pybind11.h>

@@ -1,5 +1,6 @@
-// torch_cachepolicy._C: dispatcher questions a cache policy asks, answered
-// without a Python round trip per (operator, key).
+// torch_cachepolicy._C.kernel_masks and KernelWatch (torch_cachepolicy.keyset):
+// dispatcher questions a cache policy asks, answered without a Python round
+// trip per (operator, key).
 //
 // kernel_masks: batched "which dispatch keys have a kernel registered directly
 // for this operator". A cache policy classifies every operator it may meet by
@@ -22,6 +23,8 @@
 // KernelWatch: "which kernels would fake dispatch run for this operator right
 // now", as an int that a cache can key entries on, cheap enough to ask on
 // every cache hit. See Note [Kernel fingerprints].
+
+#include "module.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DispatchKey.h>
@@ -396,25 +399,10 @@ class KernelWatch {
 
 } // namespace
 
-// csrc/keybuilder.cpp: torch_cachepolicy._C.KeyBuilder.
-void init_keybuilder(pybind11::module& m);
-void init_synth(pybind11::module& m);
-void init_keyparts(pybind11::module& m);
-
-} // namespace torch_cachepolicy
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() =
-      "Batched dispatcher queries for torch_cachepolicy.keyset, the cache key\n"
-      "builder of torch_cachepolicy.keybuilder, the common case of\n"
-      "torch_cachepolicy.keyparts, and the meta tensors of cache hits\n"
-      "(torch_cachepolicy.synth).";
-  torch_cachepolicy::init_keybuilder(m);
-  torch_cachepolicy::init_synth(m);
-  torch_cachepolicy::init_keyparts(m);
+void init_keyset(pybind11::module& m) {
   m.def(
       "kernel_masks",
-      &torch_cachepolicy::kernel_masks,
+      &kernel_masks,
       pybind11::arg("names"),
       pybind11::arg("keys"),
       "For each 'ns::name.overload' in names, a mask whose bit i is set iff\n"
@@ -422,7 +410,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "directly for that operator. Raises RuntimeError for an unknown\n"
       "operator or overload, more than 63 keys, or a key out of range.");
 
-  using torch_cachepolicy::KernelWatch;
   pybind11::class_<KernelWatch>(
       m,
       "KernelWatch",
@@ -446,6 +433,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__repr__", [](const KernelWatch& self) {
         return "<torch_cachepolicy._C.KernelWatch '" + self.name() + "'>";
       });
-  m.attr("MISSING") = torch_cachepolicy::kMissing;
-  m.attr("NO_KERNEL") = torch_cachepolicy::kNoKernel;
+  m.attr("MISSING") = kMissing;
+  m.attr("NO_KERNEL") = kNoKernel;
 }
+
+} // namespace torch_cachepolicy

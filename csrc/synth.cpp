@@ -23,6 +23,8 @@
 // _output_from_cache_entry, which uses it), and test_synth.py compares it
 // with torch's synthesis.
 
+#include "module.h"
+
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
@@ -37,11 +37,6 @@ ADOPT = r"adopt\(\.\.\.\): "  # every error message starts by naming the call
 dq_per_tensor = qd.dequantize_per_tensor.default
 
 
-def qdq(x: torch.Tensor) -> torch.Tensor:
-    q = qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
-    return qd.dequantize_per_tensor(q, 0.05, 0, -128, 127, torch.int8)
-
-
 class QuantizedMLP(torch.nn.Module):
     """Explicit q/dq around two linears, plus views that alias their input."""
 
@@ -52,8 +47,8 @@ class QuantizedMLP(torch.nn.Module):
         self.register_buffer("shift", torch.ones(8))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        y = torch.relu(self.l1(qdq(x)))
-        y = torch.relu(self.l2(qdq(y)))
+        y = torch.relu(self.l1(testing.qdq(x)))
+        y = torch.relu(self.l2(testing.qdq(y)))
         a, b = y.split(4, dim=1)
         return y.view(-1), y.t(), a + self.shift[:4], b
 
@@ -62,7 +57,7 @@ class Branchy(torch.nn.Module):
     """A torch.cond whose branches (subgraphs) carry fake values too."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cond(x.shape[0] > 4, qdq, torch.sin, (x,))
+        return torch.cond(x.shape[0] > 4, testing.qdq, torch.sin, (x,))
 
 
 def export_mlp(dynamic: bool = True, features: int = 16) -> ExportedProgram:
@@ -94,30 +89,16 @@ def placeholder_vals(gm: torch.fx.GraphModule) -> list[Any]:
     return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def size_key(v: object) -> object:
-    """A size as its expression: no guard is installed by comparing it."""
-    if isinstance(v, torch.SymInt):
-        expr = v.node.expr
-        return int(expr) if expr.is_number else expr
-    return v
-
-
 def metadata(t: torch.Tensor) -> tuple[object, ...]:
     return (
-        tuple(map(size_key, t.shape)),
-        tuple(map(size_key, t.stride())),
-        size_key(t.storage_offset()),
+        tuple(map(testing.size_key, t.shape)),
+        tuple(map(testing.size_key, t.stride())),
+        testing.size_key(t.storage_offset()),
         t.dtype,
         t.device,
         t.requires_grad,
         t.is_leaf,
     )
-
-
-def sharing(values: list[torch.Tensor]) -> list[tuple[int, ...]]:
-    """For each value, the indices of the values sharing its storage."""
-    ids = [v.untyped_storage()._cdata for v in values]
-    return [tuple(j for j, other in enumerate(ids) if other == mine) for mine in ids]
 
 
 class Replay(torch.fx.Interpreter):
@@ -142,7 +123,7 @@ class Replay(torch.fx.Interpreter):
 
 def replay_metadata(outputs: dict[str, Any]) -> dict[str, list[object]]:
     return {
-        name: [metadata(t) if isinstance(t, torch.Tensor) else size_key(t) for t in pytree.tree_leaves(out)]
+        name: [metadata(t) if isinstance(t, torch.Tensor) else testing.size_key(t) for t in pytree.tree_leaves(out)]
         for name, out in outputs.items()
     }
 
@@ -173,10 +154,10 @@ class TestAdoptValues(TestCase):
     def test_aliasing_is_preserved(self) -> None:
         """Values sharing a storage in the old mode share one in the new mode."""
         ep = export_mlp()
-        before = sharing([t for _, t in fake_leaves(ep.graph_module)])
+        before = testing.sharing([t for _, t in fake_leaves(ep.graph_module)])
         self.assertTrue(any(len(group) > 2 for group in before))  # view, t, split alias relu_1
         adopt(ep)
-        self.assertEqual(sharing([t for _, t in fake_leaves(ep.graph_module)]), before)
+        self.assertEqual(testing.sharing([t for _, t in fake_leaves(ep.graph_module)]), before)
 
     def test_autograd_views_and_odd_layouts(self) -> None:
         """Autograd views, storage offsets, non-leaf grads and empty tensors keep their metadata."""
@@ -195,7 +176,7 @@ class TestAdoptValues(TestCase):
         mode = adopt(torch.fx.GraphModule(torch.nn.Module(), graph))
         new = [n.meta["val"] for n in nodes]
         self.assertEqual([metadata(t) for t in new], [metadata(t) for t in vals])
-        self.assertEqual(sharing(new), sharing(vals))
+        self.assertEqual(testing.sharing(new), testing.sharing(vals))
         self.assertIsNotNone(new[3]._base)
         self.assertEqual(str(mode.cache_report()), "(no dispatches)")
 
@@ -389,10 +370,12 @@ class TestAdoptErrors(TestCase):
         with self.assertRaisesRegex(TypeError, ADOPT + "expected a torch.export.ExportedProgram.*got str"):
             adopt("program")  # type: ignore[arg-type]
         ep = export_mlp()
-        with self.assertRaisesRegex(TypeError, ADOPT + "cache_policy must be a torch_cachepolicy.CachePolicy"):
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
             adopt(ep, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, ADOPT + "cache_store must be a torch_cachepolicy.CacheStore"):
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
             adopt(ep, cache_store={})  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, r"adopt\(cache_crosscheck=\.\.\.\): expected True, False or None"):
+            adopt(ep, cache_crosscheck="on")
         with self.assertRaisesRegex(TypeError, ADOPT + "unexpected keyword argument 'bogus'; .* cache_crosscheck"):
             adopt(ep, bogus=1)
         self.assertIsInstance(adopt(ep), tcp.FakeTensorMode)  # none of the above touched it
@@ -454,7 +437,7 @@ class TestAdoptedPrograms(TestCase):
 
     def test_quantized_ops_hit_on_the_second_replay(self) -> None:
         """quantized_decomposed ops are served from the adopted mode's cache on a second replay."""
-        ep = export_mlp(features=T.fresh_size())
+        ep = export_mlp(features=testing.fresh_size())
         mode = adopt(ep, cache_policy=backend_policy(), cache_crosscheck=True)
         Replay.under(ep.graph_module, mode)
         first = {op: mode.cache_report()[op] for op in (q_per_tensor, dq_per_tensor)}
@@ -482,7 +465,7 @@ class TestAdoptedPrograms(TestCase):
     @parametrize("isolated", [False, True])
     def test_default_and_isolated_store(self, isolated: bool) -> None:
         """Default store: the first replay's aten ops hit what export left in torch's storage; isolated: they miss."""
-        ep = export_mlp(features=T.fresh_size())
+        ep = export_mlp(features=testing.fresh_size())
         mode = adopt(ep, cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=isolated))
         Replay.under(ep.graph_module, mode)
         first = mode.cache_report().by_namespace()

@@ -344,12 +344,12 @@ class TestDispatchRecorder(TestCase):
         self.assertIs(_ft.FakeTensorMode.__torch_dispatch__, dispatch)
 
 
-class TestExecutorchFlowModule(TestCase):
-    """benchmarks/executorch_flow.py imports and builds its models without ExecuTorch."""
+class TestExecutorchPackage(TestCase):
+    """benchmarks/executorch imports and builds its models without ExecuTorch."""
 
     def test_models_run(self) -> None:
         """Both models run on their example input and give 10 logits."""
-        from benchmarks import executorch_flow as flow
+        from benchmarks import executorch as flow
 
         for name in flow.MODELS:
             model, example, description = flow.build_model(name)
@@ -358,7 +358,7 @@ class TestExecutorchFlowModule(TestCase):
 
     def test_large_model_is_larger(self) -> None:
         """The large model has many more convolutions than the tiny one."""
-        from benchmarks import executorch_flow as flow
+        from benchmarks import executorch as flow
 
         def convs(name: str) -> int:
             return sum(isinstance(m, torch.nn.Conv2d) for m in flow.build_model(name)[0].modules())
@@ -368,7 +368,7 @@ class TestExecutorchFlowModule(TestCase):
 
     def test_flows_and_errors(self) -> None:
         """FLOWS names the three flows; unknown flows and models are rejected."""
-        from benchmarks import executorch_flow as flow
+        from benchmarks import executorch as flow
 
         self.assertEqual(sorted(flow.FLOWS), ["cortex-m", "ethos-u55", "xnnpack"])
         self.assertIs(flow.get_flow("xnnpack"), flow.FLOWS["xnnpack"])

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -26,18 +26,13 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
 
-conv, pair, size0 = T.op("conv"), T.op("pair"), T.op("size0")
-bad_view, good_view, mut = T.op("bad_view"), T.op("good_view"), T.op("mut")
+conv, pair, size0 = testing.op("conv"), testing.op("pair"), testing.op("size0")
+bad_view, good_view, mut = testing.op("bad_view"), testing.op("good_view"), testing.op("mut")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 aten = torch.ops.aten
 
 ITERATIONS = 40
-BACKEND_NAMESPACES = (T.NS, "quantized_decomposed")
-
-
-def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
-    return tcp.CachePolicy(namespaces=list(BACKEND_NAMESPACES), **kwargs)
 
 
 def describe(value: object) -> object:
@@ -170,18 +165,18 @@ class TestConcurrency(TestCase):
             return lambda: tcp.FakeTensorMode(cache_policy=policy(), cache_store=tcp.CacheStore(isolated=True))
 
         exact = [
-            Worker("backend", isolated(backend_policy)),
-            Worker("context", isolated(lambda: tcp.CachePolicy(namespaces=[T.NS], context_key=lambda: "ctx"))),
-            Worker("deny", isolated(lambda: backend_policy(deny=[conv, aten.sin.default]))),
-            Worker("no-builtins", isolated(lambda: backend_policy(include_builtins=False))),
+            Worker("backend", isolated(testing.backend_policy)),
+            Worker("context", isolated(lambda: tcp.CachePolicy(namespaces=[testing.NS], context_key=lambda: "ctx"))),
+            Worker("deny", isolated(lambda: testing.backend_policy(deny=[conv, aten.sin.default]))),
+            Worker("no-builtins", isolated(lambda: testing.backend_policy(include_builtins=False))),
             Worker("default-policy", isolated(tcp.CachePolicy)),
         ]
         pair_workers = [
-            Worker(f"shared-{i}", lambda: tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=shared))
+            Worker(f"shared-{i}", lambda: tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=shared))
             for i in range(2)
         ]
         default_store = [
-            Worker("default-store", lambda: tcp.FakeTensorMode(cache_policy=backend_policy())),
+            Worker("default-store", lambda: tcp.FakeTensorMode(cache_policy=testing.backend_policy())),
             Worker("default-store-default-policy", tcp.FakeTensorMode),
         ]
         stock = [Worker("stock-backend", StockMode), Worker("stock-aten", StockMode, backend=False)]
@@ -193,15 +188,15 @@ class TestConcurrency(TestCase):
             solo = Worker(w.name, w.make_mode, w.backend, w.base)
             if w in pair_workers:
                 solo.make_mode = lambda: tcp.FakeTensorMode(
-                    cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=True)
+                    cache_policy=testing.backend_policy(), cache_store=tcp.CacheStore(isolated=True)
                 )
             solo.run()
             alone[w.name] = solo
 
-        before = T.stock_info()
+        before = testing.stock_info()
         with GlobalStateSampler() as sampler:
             errors = run_concurrently(everyone)
-        after = T.stock_info()
+        after = testing.stock_info()
         self.assertNoErrors(errors)
         self.assertEqual(sampler.problems, [])
         self.assertGreater(sampler.samples, 0)
@@ -260,7 +255,7 @@ class TestConcurrency(TestCase):
         reference = Worker("reference", lambda: tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(include_builtins=False)))
         reference.run()
         rule_changes = [
-            lambda: policy.register_namespace(T.NS),
+            lambda: policy.register_namespace(testing.NS),
             lambda: policy.register_op(q_per_tensor),
             lambda: policy.deny(conv),
             lambda: policy.register_namespace("quantized_decomposed"),
@@ -300,7 +295,7 @@ class TestConcurrency(TestCase):
     def test_short_lived_modes_share_one_store(self) -> None:
         """Threads creating and dropping modes on one store leave exactly one entry per key."""
         store = tcp.CacheStore(isolated=True)
-        solo = Worker("solo", lambda: tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=True)))
+        solo = Worker("solo", lambda: tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=tcp.CacheStore(isolated=True)))
         solo.run()
         errors: list[BaseException] = []
         outputs: list[list[object]] = []
@@ -308,7 +303,7 @@ class TestConcurrency(TestCase):
         def churn() -> None:
             try:
                 for _ in range(5):
-                    w = Worker("churn", lambda: tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store))
+                    w = Worker("churn", lambda: tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store))
                     w.run()
                     outputs.append(w.outputs)
             except BaseException as e:

@@ -28,6 +28,19 @@ class TestDocs(TestCase):
         """The README carries at least one runnable example."""
         self.assertTrue(any(name.startswith("README.md") for name, _ in blocks()))
 
+    def test_layout_names_every_module(self) -> None:
+        """README's Layout table and docs/design.md's Pieces table name every module and native source."""
+        package = sorted(
+            str(p.relative_to(ROOT))
+            for p in [*(ROOT / "torch_cachepolicy").rglob("*.py"), *(ROOT / "csrc").iterdir()]
+            if p.name not in ("__init__.py", "version.py")
+        )
+        readme = (ROOT / "README.md").read_text()
+        design = (ROOT / "docs" / "design.md").read_text()
+        self.assertEqual([f for f in package if f"`{f}`" not in readme], [], msg="add these to README.md's Layout")
+        relative = [f.removeprefix("torch_cachepolicy/") for f in package if "recipes" not in f]
+        self.assertEqual([f for f in relative if f"`{f}`" not in design], [], msg="add these to docs/design.md's Pieces")
+
     @parametrize("name, code", blocks(), name_fn=lambda name, code: re.sub(r"\W", "_", name))
     def test_block_runs(self, name: str, code: str) -> None:
         """The code block runs as a script without raising."""

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 import torch.utils._pytree as pytree
@@ -33,17 +32,17 @@ q_per_tensor = qd.quantize_per_tensor.default
 API = r"torch_cachepolicy\.export\(\.\.\.\): "  # every error message starts by naming the call
 
 # A backend namespace of this test's own: its fake kernel counts its calls.
-NS = "tcp_export_test"
-kernel_calls: collections.Counter[str] = collections.Counter()
-_lib = torch.library.Library(NS, "DEF")
-_lib.define("rescale(Tensor x, float scale) -> Tensor")
-torch.library.impl(f"{NS}::rescale", "CompositeExplicitAutograd", lambda x, scale: x * scale, lib=_lib)
+EXPORT_OPS = testing.CountedOps("tcp_export_test")
+NS = EXPORT_OPS.ns
+kernel_calls = EXPORT_OPS.calls
 
 
-@torch.library.register_fake(f"{NS}::rescale", lib=_lib)
+@EXPORT_OPS.define("rescale(Tensor x, float scale) -> Tensor")
 def _rescale_fake(x: torch.Tensor, scale: float) -> torch.Tensor:
-    kernel_calls["rescale"] += 1
     return torch.empty_like(x)
+
+
+torch.library.impl(f"{NS}::rescale", "CompositeExplicitAutograd", lambda x, scale: x * scale, lib=EXPORT_OPS.lib)
 
 
 rescale = torch.ops.tcp_export_test.rescale.default
@@ -51,11 +50,6 @@ rescale = torch.ops.tcp_export_test.rescale.default
 
 def policy() -> tcp.CachePolicy:
     return tcp.CachePolicy(namespaces=["quantized_decomposed", NS])
-
-
-def qdq(x: torch.Tensor) -> torch.Tensor:
-    q = qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
-    return qd.dequantize_per_tensor(q, 0.05, 0, -128, 127, torch.int8)
 
 
 class Backend(torch.nn.Module):
@@ -68,9 +62,9 @@ class Backend(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # Two calls with equal arguments: the second is a hit under the policy.
-        y = torch.ops.tcp_export_test.rescale(qdq(x), 0.5) + torch.ops.tcp_export_test.rescale(qdq(x), 0.5)
+        y = torch.ops.tcp_export_test.rescale(testing.qdq(x), 0.5) + torch.ops.tcp_export_test.rescale(testing.qdq(x), 0.5)
         y = torch.relu(self.inner(y)) + self.shift
-        z = torch.ops.tcp_export_test.rescale(qdq(y), 2.0)
+        z = torch.ops.tcp_export_test.rescale(testing.qdq(y), 2.0)
         return z.view(-1), z.t(), z[:, :4]
 
 
@@ -82,7 +76,7 @@ class WithKwargs(torch.nn.Module):
         self.inner = torch.nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        return torch.ops.tcp_export_test.rescale(self.inner(qdq(x)) + bias, scale)
+        return torch.ops.tcp_export_test.rescale(self.inner(testing.qdq(x)) + bias, scale)
 
 
 class Flatten(torch.nn.Module):
@@ -136,25 +130,17 @@ def policy_export(case: Case, module: torch.nn.Module, **kwargs: Any) -> Exporte
     return tcp.export(module, case.args, case.kwargs, cache_policy=policy(), **kwargs, **case.export_kwargs)
 
 
-def size_key(v: object) -> object:
-    """A size as its expression: comparing it installs no guard."""
-    if isinstance(v, torch.SymInt):
-        expr = v.node.expr
-        return int(expr) if expr.is_number else expr
-    return v
-
-
 def describe(leaf: object) -> object:
     if isinstance(leaf, torch.Tensor):
         return (
-            tuple(map(size_key, leaf.shape)),
-            tuple(map(size_key, leaf.stride())),
-            size_key(leaf.storage_offset()),
+            tuple(map(testing.size_key, leaf.shape)),
+            tuple(map(testing.size_key, leaf.stride())),
+            testing.size_key(leaf.storage_offset()),
             leaf.dtype,
             leaf.device,
             leaf.requires_grad,
         )
-    return size_key(leaf)
+    return testing.size_key(leaf)
 
 
 def node_metadata(ep: ExportedProgram) -> list[tuple[str, str, list[object]]]:
@@ -178,12 +164,6 @@ def fake_values(ep: ExportedProgram) -> list[FakeTensor]:
     ]
 
 
-def sharing(values: list[torch.Tensor]) -> list[tuple[int, ...]]:
-    """For each value, the indices of the values sharing its storage."""
-    ids = [v.untyped_storage()._cdata for v in values]
-    return [tuple(j for j, other in enumerate(ids) if other == mine) for mine in ids]
-
-
 def program_mode(ep: ExportedProgram) -> StockMode:
     mode = detect_fake_mode([n.meta["val"] for n in ep.graph_module.graph.find_nodes(op="placeholder")])
     assert mode is not None
@@ -205,7 +185,7 @@ class TestSameProgram(TestCase):
         ep = policy_export(case, module)
         self.assertEqual(ep.graph_module.code, reference.graph_module.code)
         self.assertEqual(node_metadata(ep), node_metadata(reference))
-        self.assertEqual(sharing(fake_values(ep)), sharing(fake_values(reference)))
+        self.assertEqual(testing.sharing(fake_values(ep)), testing.sharing(fake_values(reference)))
         self.assertEqual(str(ep.range_constraints), str(reference.range_constraints))
         self.assertEqual(
             [(e.fqn, e.signature) for e in ep.module_call_graph],
@@ -268,7 +248,7 @@ class TestCachingDuringAndAfterExport(TestCase):
 
     def test_export_itself_dispatches_through_the_mode(self) -> None:
         """Backend ops traced by export hit the policy mode's cache; a stock export runs each kernel."""
-        case = Case(lambda: Backend(T.fresh_size()), (None,))
+        case = Case(lambda: Backend(testing.fresh_size()), (None,))
         module = case.make()
         args = (torch.randn(4, module.inner.in_features),)
         torch.export.export(module, args)
@@ -278,7 +258,7 @@ class TestCachingDuringAndAfterExport(TestCase):
         mode = program_mode(ep)
         assert isinstance(mode, tcp.FakeTensorMode)
         report = mode.cache_report()
-        # The second rescale(qdq(x)) hits; rescale(qdq(y)) differs (y requires grad).
+        # The second rescale(testing.qdq(x)) hits; rescale(testing.qdq(y)) differs (y requires grad).
         self.assertEqual((report[rescale].hits, report[rescale].misses), (1, 2), msg=str(report))
         self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (1, 2), msg=str(report))
         self.assertEqual((stock_calls, kernel_calls["rescale"]), (3, 2))
@@ -317,7 +297,7 @@ class TestCachingDuringAndAfterExport(TestCase):
     def test_store_shared_across_exports(self) -> None:
         """Two exports given one store: the second hits the backend entries the first made."""
         store = tcp.CacheStore()
-        module = Backend(T.fresh_size())
+        module = Backend(testing.fresh_size())
         args = (torch.randn(4, module.inner.in_features),)
         first = program_mode(tcp.export(module, args, cache_policy=policy(), cache_store=store))
         kernel_calls.clear()
@@ -350,7 +330,7 @@ class TestEnvironment(TestCase):
             seen.append(library_utils.is_builtin)
             return torch.empty_like(x)
 
-        before = T.stock_info()
+        before = testing.stock_info()
         unsafe = torch._functorch.config.fake_tensor_allow_unsafe_data_ptr_access
         try:
             torch.library.register_fake(f"{NS}::rescale", spy, lib=spy_lib)
@@ -362,7 +342,7 @@ class TestEnvironment(TestCase):
         self.assertEqual(seen, [original_is_builtin] * len(seen))
         self.assertGreater(len(seen), 0)
         self.assertIs(library_utils.is_builtin, original_is_builtin)
-        self.assertEqual(T.stock_info()[:3], before[:3])
+        self.assertEqual(testing.stock_info()[:3], before[:3])
         for ns in ("quantized_decomposed", NS):
             stored = [
                 k
@@ -422,9 +402,9 @@ class TestErrors(TestCase):
     def test_wrong_arguments(self) -> None:
         """Wrong types and unknown keywords raise TypeError naming the call."""
         relu, args = torch.nn.ReLU(), (torch.randn(2),)
-        with self.assertRaisesRegex(TypeError, API + "cache_policy must be a torch_cachepolicy.CachePolicy"):
+        with self.assertRaisesRegex(TypeError, r"torch_cachepolicy\.export\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
             tcp.export(relu, args, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, API + "cache_store must be a torch_cachepolicy.CacheStore"):
+        with self.assertRaisesRegex(TypeError, r"torch_cachepolicy\.export\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
             tcp.export(relu, args, cache_store={})  # type: ignore[arg-type]
         with self.assertRaisesRegex(TypeError, API + "unexpected keyword argument 'dynamic'; .*dynamic_shapes"):
             tcp.export(relu, args, dynamic=True)

@@ -36,9 +36,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
-import zoo_ops as Z
+import zoo_ops as zoo
 from test_kernel_zoo import World, describe_call, dispatch_difference, logging_disabled
 from test_opinfo_crosscheck import alias_signature, output_difference
 from torch._ops import OpOverload
@@ -56,7 +56,7 @@ import torch_cachepolicy as tcp
 SEEDS = range(12)
 STEPS = 150
 BUILTIN = {"aten", "prim", "prims"}
-NAMESPACES = [T.NS, "quantized_decomposed", "aten", "tosa_fuzz_never_defined"]
+NAMESPACES = [testing.NS, "quantized_decomposed", "aten", "tosa_fuzz_never_defined"]
 
 aten, qd = torch.ops.aten, torch.ops.quantized_decomposed
 
@@ -70,15 +70,15 @@ def _2d(p: Pool, r: random.Random) -> torch.Tensor:
 
 
 UNIVERSE: dict[str, tuple[OpOverload, Builder]] = {
-    "conv": (T.op("conv"), lambda p, r: (p[r.choice(["c1", "c2"])], r.choice([1, 2]))),
-    "pair": (T.op("pair"), lambda p, r: (_2d(p, r),)),
-    "size0": (T.op("size0"), lambda p, r: (_2d(p, r),)),
-    "dyn": (T.op("dyn"), lambda p, r: (_2d(p, r),)),
-    "bad_view": (T.op("bad_view"), lambda p, r: (_2d(p, r),)),
-    "good_view": (T.op("good_view"), lambda p, r: (_2d(p, r),)),
-    "multi_view": (T.op("multi_view"), lambda p, r: (_2d(p, r), p["v"])),
-    "mut": (T.op("mut"), lambda p, r: (_2d(p, r),)),
-    "no_fake": (T.op("no_fake"), lambda p, r: (_2d(p, r),)),
+    "conv": (testing.op("conv"), lambda p, r: (p[r.choice(["c1", "c2"])], r.choice([1, 2]))),
+    "pair": (testing.op("pair"), lambda p, r: (_2d(p, r),)),
+    "size0": (testing.op("size0"), lambda p, r: (_2d(p, r),)),
+    "dyn": (testing.op("dyn"), lambda p, r: (_2d(p, r),)),
+    "bad_view": (testing.op("bad_view"), lambda p, r: (_2d(p, r),)),
+    "good_view": (testing.op("good_view"), lambda p, r: (_2d(p, r),)),
+    "multi_view": (testing.op("multi_view"), lambda p, r: (_2d(p, r), p["v"])),
+    "mut": (testing.op("mut"), lambda p, r: (_2d(p, r),)),
+    "no_fake": (testing.op("no_fake"), lambda p, r: (_2d(p, r),)),
     "quantize": (qd.quantize_per_tensor.default, lambda p, r: (_2d(p, r), 0.1, 0, -128, 127, torch.int8)),
     "dequantize": (qd.dequantize_per_tensor.default, lambda p, r: (p["i8"], r.choice([0.1, 0.5]), 0, -128, 127, torch.int8)),
     "add": (aten.add.Tensor, lambda p, r: (_2d(p, r),) * 2),
@@ -92,14 +92,14 @@ UNIVERSE: dict[str, tuple[OpOverload, Builder]] = {
 OPS = [op for op, _ in UNIVERSE.values()] + [aten.view_as.default]
 # The structural exclusions present in the universe (checked in test_universe).
 CIA_VIEWS = {aten.view_as.default}
-NO_FAKE_KERNEL = {T.op("no_fake")}
+NO_FAKE_KERNEL = {testing.op("no_fake")}
 # Backend ops that a per-call safety check always bypasses, and the reason.
 SAFETY = {
-    T.op("dyn"): "unbacked symbol in scalar output",
-    T.op("bad_view"): "output aliases an input without a schema annotation",
-    T.op("multi_view"): "view op with several tensor arguments",
+    testing.op("dyn"): "unbacked symbol in scalar output",
+    testing.op("bad_view"): "output aliases an input without a schema annotation",
+    testing.op("multi_view"): "view op with several tensor arguments",
 }
-MUTATES = (T.op("mut"), "mutates an argument (allow it with register_op)")
+MUTATES = (testing.op("mut"), "mutates an argument (allow it with register_op)")
 
 
 def make_pool() -> Pool:
@@ -288,7 +288,7 @@ class Fuzzer:
     def register_namespace(self) -> None:
         model, ns = self.r.choice(self.models), self.r.choice(NAMESPACES)
         self.log.append(f"{model.policy!r}.register_namespace({ns!r})")
-        lib_form = T._lib if ns == T.NS and self.r.random() < 0.5 else ns
+        lib_form = testing.TEST_OPS.lib if ns == testing.NS and self.r.random() < 0.5 else ns
         self.check_decorator(model.policy.register_namespace(lib_form))
         model.namespaces.add(ns)
 
@@ -390,7 +390,7 @@ class Fuzzer:
     def check_output(
         self, name: str, op: OpOverload, args: tuple[Any, ...], out: object, ref: object, seen_symbols: set[object]
     ) -> None:
-        if op is T.op("dyn"):
+        if op is testing.op("dyn"):
             # Each call must get a fresh unbacked symbol, as uncached.
             for value in (out, ref):
                 symbols = free_unbacked_symbols(value)
@@ -488,7 +488,7 @@ def wrong_input_env() -> dict[str, Any]:
 
     def dispatch(policy: tcp.CachePolicy) -> None:
         with tcp.FakeTensorMode(cache_policy=policy):
-            T.op("conv")(torch.empty(1, 1, 2, 2), 1)
+            testing.op("conv")(torch.empty(1, 1, 2, 2), 1)
 
     def untraced() -> torch.fx.GraphModule:
         return torch.fx.symbolic_trace(lambda x: x + 1)
@@ -497,8 +497,8 @@ def wrong_input_env() -> dict[str, Any]:
         "tcp": tcp,
         "torch": torch,
         "numpy": numpy,
-        "T": T,
-        "conv": T.op("conv"),
+        "testing": testing,
+        "conv": testing.op("conv"),
         "boom": boom,
         "no_spec": no_spec,
         "dispatch": dispatch,
@@ -542,11 +542,11 @@ instantiate_parametrized_tests(TestFuzz)
 ZOO_SEEDS = range(4)
 ZOO_STEPS = 120
 # Documented limits are expected to differ; the fuzz draws from the rest.
-ZOO_CASES = [c for c in Z.CASES if c.limit is None]
+ZOO_CASES = [c for c in zoo.CASES if c.limit is None]
 # Ops that mutate their arguments opt in by name, as their cases do.
 ZOO_ALLOWED = ["inplace_overlap", "mut_resize", "mut_unsqueeze", "mut_none", "out_kwarg", "mut_returns_view"]
 # Kernels the events re-register (each version returns a 1-, 2- or 3-element tensor).
-ZOO_SWAPPABLE = ["swap_fake", "swap_custom_op", "swap_meta", "swap_composite", f"{Z.CTX_NS}::swappable"]
+ZOO_SWAPPABLE = ["swap_fake", "swap_custom_op", "swap_meta", "swap_composite", f"{zoo.CTX_NS}::swappable"]
 
 
 @dataclass
@@ -554,10 +554,10 @@ class ZooWorlds:
     """One mode under test and the per-case inputs of its cached and reference worlds."""
 
     mode: tcp.FakeTensorMode
-    env: Z.Env
+    env: zoo.Env
     cached: World
     reference: World
-    last: dict[str, tuple[Z.Call, Z.Call]] = field(default_factory=dict)
+    last: dict[str, tuple[zoo.Call, zoo.Call]] = field(default_factory=dict)
 
 
 class ZooFuzzer:
@@ -585,7 +585,7 @@ class ZooFuzzer:
             mode = tcp.FakeTensorMode(
                 cache_policy=self.policy(deny_inner), cache_store=shared_store, cache_crosscheck=crosscheck, shape_env=ShapeEnv()
             )
-            self.modes.append(ZooWorlds(mode, Z.Env.make(mode, symbolic), World(), World()))
+            self.modes.append(ZooWorlds(mode, zoo.Env.make(mode, symbolic), World(), World()))
         self.log.append(
             f"modes={len(self.modes)} (one store) deny hop_inner={deny_inner} crosscheck={crosscheck} "
             f"symbolic={symbolic}; cases {[c.name for c in self.cases]}"
@@ -594,15 +594,15 @@ class ZooFuzzer:
     @staticmethod
     def policy(deny_inner: bool) -> tcp.CachePolicy:
         # Equal rules and the same context hook: modes sharing the store share entries.
-        policy = tcp.CachePolicy(namespaces=[Z.NS, Z.CTX_NS], context_key=Z.ambient_context)
+        policy = tcp.CachePolicy(namespaces=[zoo.NS, zoo.CTX_NS], context_key=zoo.ambient_context)
         for name in ZOO_ALLOWED:
-            policy.register_op(Z.op(name))
+            policy.register_op(zoo.op(name))
         if deny_inner:
-            policy.deny(Z.op("hop_inner"))
+            policy.deny(zoo.op("hop_inner"))
         return policy
 
     def reset(self) -> None:
-        for c in Z.CASES:
+        for c in zoo.CASES:
             if c.reset is not None:
                 c.reset()
         torch.set_default_dtype(torch.float32)
@@ -610,15 +610,15 @@ class ZooFuzzer:
     def event(self) -> None:
         kind = self.r.choice(["ambient", "default dtype", "swap", "subgraphs", "deny", "clear"])
         if kind == "ambient":
-            Z.AMBIENT["dtype"] = self.r.choice([torch.float32, torch.float64, torch.float16])
-            self.log.append(f"AMBIENT -> {Z.AMBIENT['dtype']}")
+            zoo.AMBIENT["dtype"] = self.r.choice([torch.float32, torch.float64, torch.float16])
+            self.log.append(f"AMBIENT -> {zoo.AMBIENT['dtype']}")
         elif kind == "default dtype":
             dtype = self.r.choice([torch.float32, torch.float64])
             torch.set_default_dtype(dtype)
             self.log.append(f"default dtype -> {dtype}")
         elif kind == "swap":
             name, n = self.r.choice(ZOO_SWAPPABLE), self.r.randint(1, 3)
-            (Z._register_ctx_swappable(n) if name.startswith(Z.CTX_NS) else Z._register(name, n))()
+            (zoo._register_ctx_swappable(n) if name.startswith(zoo.CTX_NS) else zoo._register(name, n))()
             self.log.append(f"re-register {name} -> size {n}")
         elif kind == "deny":
             m = self.r.choice(self.modes)
@@ -631,7 +631,7 @@ class ZooFuzzer:
             m.mode.cache_clear()
             self.log.append(f"mode {self.modes.index(m)}: cache_clear()")
         elif kind == "subgraphs":
-            c = self.r.choice([c for c in Z.CASES if c.target is Z.invoke_subgraph])
+            c = self.r.choice([c for c in zoo.CASES if c.target is zoo.invoke_subgraph])
             assert c.reset is not None
             c.reset()  # a new GraphModule for that case (and the ambient dtype back to float32)
             self.log.append(f"new subgraph for {c.name}, AMBIENT -> float32")
@@ -666,7 +666,7 @@ class ZooFuzzer:
     def hits(self, modes: list[ZooWorlds] | None = None) -> int:
         """Hits of zoo ops so far (in ``modes``, default all, plus those counted before a cache_clear())."""
         if modes is not None:
-            return sum(r.hits for m in modes for r in m.mode.cache_report().ops if r.namespace in (Z.NS, Z.CTX_NS))
+            return sum(r.hits for m in modes for r in m.mode.cache_report().ops if r.namespace in (zoo.NS, zoo.CTX_NS))
         return self.cleared_hits + self.hits(self.modes)
 
 

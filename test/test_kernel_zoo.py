@@ -26,7 +26,7 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
-import zoo_ops as Z
+import zoo_ops as zoo
 from torch._subclasses.fake_tensor import FakeTensor, disable_fake_tensor_cache
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
 from torch.testing._internal.common_utils import (
@@ -286,7 +286,7 @@ def logging_disabled() -> Iterator[None]:
 class ZooTestCase(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        Z.calls.clear()
+        zoo.calls.clear()
 
     def assertSameDispatch(self, cached: CallDescription, uncached: CallDescription, msg: str = "") -> None:
         """The cached call did exactly what the uncached call did (and raised no CrosscheckError)."""
@@ -294,7 +294,7 @@ class ZooTestCase(TestCase):
         if why:
             self.fail(f"{msg}: {why}")
 
-    def run_case(self, case: Z.ZooCase, crosscheck: bool, *, cache: bool = True) -> tcp.FakeTensorMode:
+    def run_case(self, case: zoo.ZooCase, crosscheck: bool, *, cache: bool = True) -> tcp.FakeTensorMode:
         """Runs ``case``'s call sequence in a cached and a reference world; returns the mode.
 
         ``cache=False`` disables the cache in the "cached" world too (the harness's own check).
@@ -309,7 +309,7 @@ class ZooTestCase(TestCase):
             )
             if not cache:
                 mode.cache_enabled = False
-            env = Z.Env.make(mode, case.symbolic)
+            env = zoo.Env.make(mode, case.symbolic)
             cached_world, reference_world = World(), World()
             cached = reference = None
             with mode, logging_disabled():
@@ -328,7 +328,7 @@ class ZooTestCase(TestCase):
                     # The report counts only dispatches that take the cached path: a crosscheck's re-run of a
                     # hit, or any run with the cache off, is invisible there for non-zoo ops (zoo kernels count
                     # their runs themselves), so those are checked only when every run is visible.
-                    observable = (cache and not crosscheck) or case.op.namespace in (Z.NS, Z.CTX_NS)
+                    observable = (cache and not crosscheck) or case.op.namespace in (zoo.NS, zoo.CTX_NS)
                     if case.runs_every_call and observable and not ran:
                         self.fail(f"{case.name} call {i} ({step}): the kernel of {case.op} did not run")
         finally:
@@ -349,8 +349,8 @@ NAN_ARGS: dict[str, tuple[str, Callable[[float], Any]]] = {
 
 def _kernel_runs(mode: tcp.FakeTensorMode, op: torch._ops.OpOverload) -> int:
     """How often ``op``'s kernel ran: zoo kernels count themselves; for others, the dispatches that were not hits."""
-    if op.namespace in (Z.NS, Z.CTX_NS):
-        return Z.calls[op.name().split("::")[1]]
+    if op.namespace in (zoo.NS, zoo.CTX_NS):
+        return zoo.calls[op.name().split("::")[1]]
     try:
         row = mode.cache_report()[op]
     except KeyError:
@@ -366,13 +366,13 @@ def _zoo_subtests() -> list[Any]:
             decorators=[unittest.expectedFailure] if c.limit and crosscheck in c.limit_crosscheck else [],
         )
         for crosscheck in (False, True)
-        for c in Z.CASES
+        for c in zoo.CASES
     ]
 
 
 class TestKernelZoo(ZooTestCase):
     @parametrize("case_and_crosscheck", _zoo_subtests())
-    def test_zoo(self, case_and_crosscheck: tuple[Z.ZooCase, bool]) -> None:
+    def test_zoo(self, case_and_crosscheck: tuple[zoo.ZooCase, bool]) -> None:
         """Every call of the zoo op bypasses or matches an uncached dispatch of the same call."""
         case, crosscheck = case_and_crosscheck
         mode = self.run_case(case, crosscheck)
@@ -381,32 +381,32 @@ class TestKernelZoo(ZooTestCase):
 
     def test_zoo_is_deterministic_uncached(self) -> None:
         """The harness itself: with the cache off in both worlds, every case (limits included) matches."""
-        for case in Z.CASES:
+        for case in zoo.CASES:
             self.run_case(case, crosscheck=False, cache=False)
 
     def test_zoo_size(self) -> None:
         """The zoo has at least 30 operators, every failure class is represented, and some are controls;
         every case builds its arguments for every call index (the fuzz draws any)."""
-        for case in Z.CASES:
+        for case in zoo.CASES:
             if case.reset is not None:
                 case.reset()
             mode = tcp.FakeTensorMode(shape_env=ShapeEnv() if case.symbolic else None)
-            env = Z.Env.make(mode, case.symbolic)
+            env = zoo.Env.make(mode, case.symbolic)
             with mode:
                 for i in range(len(case.steps)):
-                    self.assertIsInstance(case.build(env, i), Z.Call, msg=case.name)
-        ops = {c.op for c in Z.CASES}
+                    self.assertIsInstance(case.build(env, i), zoo.Call, msg=case.name)
+        ops = {c.op for c in zoo.CASES}
         self.assertGreaterEqual(len(ops), 30)
-        self.assertEqual({c.kind for c in Z.CASES}, set(range(1, 9)))
-        self.assertGreaterEqual(sum(c.min_hits > 0 for c in Z.CASES), 3)
+        self.assertEqual({c.kind for c in zoo.CASES}, set(range(1, 9)))
+        self.assertGreaterEqual(sum(c.min_hits > 0 for c in zoo.CASES), 3)
 
     @parametrize("crosscheck", [False, True])
     @parametrize("where", list(NAN_ARGS))
     def test_nan_does_not_grow_the_store(self, where: str, crosscheck: bool) -> None:
         """50 calls with a NaN argument match uncached dispatch and add at most one entry to the store."""
         name, make_arg = NAN_ARGS[where]
-        fn = Z.op(name)
-        mode = tcp.FakeTensorMode(cache_policy=Z.default_policy(), cache_crosscheck=crosscheck)
+        fn = zoo.op(name)
+        mode = tcp.FakeTensorMode(cache_policy=zoo.default_policy(), cache_crosscheck=crosscheck)
         cached_world, reference_world = World(), World()
         with mode:
             x, ref = torch.empty(3), torch.empty(3)

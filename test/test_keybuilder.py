@@ -19,19 +19,17 @@ import contextlib
 import itertools
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import test_opinfo_crosscheck as OX
+import cachepolicy_testing as testing
+import test_opinfo_crosscheck
 import torch
 import torch.utils._pytree as pytree
-import zoo_ops as Z
+import zoo_ops as zoo
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _DispatchCacheKey
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -49,7 +47,6 @@ from torch.testing._internal.opinfo.core import OpInfo
 import torch_cachepolicy as tcp
 from torch_cachepolicy import keybuilder
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HANDLED = "handled"
 
 
@@ -158,10 +155,13 @@ def sweep_op(opinfo: OpInfo, device: str) -> Parity:
     """The crosscheck sweep's samples of ``opinfo``, each called once in a ParityMode."""
     parity = Parity()
     with quiet():
-        for dtype in OX.dtypes_for(opinfo):
+        for dtype in test_opinfo_crosscheck.dtypes_for(opinfo):
             try:
                 samples = list(
-                    itertools.islice(opinfo.sample_inputs(device, dtype, requires_grad=False), OX.SAMPLES_PER_OP)
+                    itertools.islice(
+                        opinfo.sample_inputs(device, dtype, requires_grad=False),
+                        test_opinfo_crosscheck.SAMPLES_PER_OP,
+                    )
                 )
             except Exception:
                 continue
@@ -206,12 +206,12 @@ def sweep_workload(name: str) -> Parity:
 def sweep_zoo() -> Parity:
     """Every kernel-zoo case's call sequence in a ParityMode (stock caching, so zoo ops bypass)."""
     parity = Parity()
-    for case in Z.CASES:
+    for case in zoo.CASES:
         if case.reset is not None:
             case.reset()
         try:
             mode = ParityMode(parity, shape_env=ShapeEnv() if case.symbolic else None)
-            env = Z.Env.make(mode, case.symbolic)
+            env = zoo.Env.make(mode, case.symbolic)
             call = None
             with mode, quiet():
                 for i, step in enumerate(case.steps):
@@ -240,7 +240,7 @@ class TestKeyBuilderOpInfo(TestCase):
         super().setUp()
         SWEEP_STARTED.add(self._testMethodName)
 
-    @ops(op_db[OX.SHARD[0] :: OX.SHARD[1]], dtypes=OpDTypes.none)
+    @ops(op_db[test_opinfo_crosscheck.SHARD[0] :: test_opinfo_crosscheck.SHARD[1]], dtypes=OpDTypes.none)
     def test_op_db_keys(self, device: str, op: OpInfo) -> None:
         """Every key of the op's samples that a builder handles equals torch's."""
         parity = sweep_op(op, device)
@@ -271,7 +271,7 @@ class TestKeyBuilderSweeps(TestCase):
         if expected - SWEEP_STARTED:
             self.skipTest("not every per-op test ran in this process (-k selection?)")
         self.assertParity("op_db", SWEEP, 0.9)
-        self.assertGreater(SWEEP.keys, 1000 // OX.SHARD[1])
+        self.assertGreater(SWEEP.keys, 1000 // test_opinfo_crosscheck.SHARD[1])
 
     @parametrize("name", ["qdq", "dialect", "aten-only", "symbolic"])
     def test_workload_keys(self, name: str) -> None:
@@ -513,17 +513,7 @@ class TestKeyBuilder(TestCase):
             """
         )
         env = {**os.environ, "TORCH_CACHEPOLICY_FORCE_PYTHON": "1"}
-        proc = subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", script],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = testing.run_json_script(self, script, env, "-W", "ignore")
         self.assertEqual((result["backend"], result["same"], result["hits"]), ("python", True, 1))
         self.assertGreaterEqual(result["built"], 2)  # the relu calls, and the ops making x
 

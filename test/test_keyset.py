@@ -11,17 +11,14 @@ on both backends, except the one the fallback documents it cannot see.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import unittest
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
+import cachepolicy_testing as testing
 import torch
 from torch._C import DispatchKey
 from torch.testing._internal.common_utils import (
@@ -32,17 +29,16 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import keyset, native
 
 _C: ModuleType | None
 try:
-    # Imported directly rather than through keyset._ext, which is None when
+    # Imported directly rather than through native.extension(), which is None when
     # TORCH_CACHEPOLICY_FORCE_PYTHON is set even though the helper is built.
     from torch_cachepolicy import _C  # type: ignore[attr-defined,no-redef]
 except ImportError:
     _C = None
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 NO_CPP_REASON = (
     "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), "
     "so there is no C++ answer to compare with the Python fallback"
@@ -123,21 +119,21 @@ def _render(keys: frozenset[DispatchKey]) -> str:
 @contextlib.contextmanager
 def _use_backend(backend: str) -> Iterator[None]:
     """Points keyset at one backend for the duration, then restores it."""
-    saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+    saved = (native._ext, native._fallback_reason, native._warned)
     try:
         if backend == "cpp":
             if _C is None:
                 raise unittest.SkipTest(NO_CPP_REASON)
-            keyset._ext = _C
+            native._ext = _C
         else:
-            keyset._ext = None
-            keyset._fallback_reason = "test_keyset forces the fallback"
+            native._ext = None
+            native._fallback_reason = "test_keyset forces the fallback"
         with warnings.catch_warnings():
             # The once-only fallback warning is tested on its own below.
             warnings.simplefilter("ignore")
             yield
     finally:
-        keyset._ext, keyset._fallback_reason, keyset._warned = saved
+        native._ext, native._fallback_reason, native._warned = saved
 
 
 class TestKeysetParity(TestCase):
@@ -503,9 +499,9 @@ class TestKernelWatch(TestCase):
 class TestFallback(TestCase):
     def test_warns_once_in_process(self) -> None:
         """With the helper gone, the first query warns and later ones stay quiet."""
-        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        saved = (native._ext, native._fallback_reason, native._warned)
         try:
-            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            native._ext, native._fallback_reason, native._warned = None, "a test", False
             self.assertEqual(keyset.backend(), "python")
             with self.assertWarnsRegex(UserWarning, "because a test"):
                 keyset.kernel_keys("aten::add.Tensor")
@@ -515,13 +511,13 @@ class TestFallback(TestCase):
                 keyset.kernel_watch("aten::add.Tensor").fingerprint()
             self.assertEqual(caught, [])
         finally:
-            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+            native._ext, native._fallback_reason, native._warned = saved
 
     def test_warning_states_watch_limits(self) -> None:
         """The fallback warning says that kernel watches are weaker, not only slower."""
-        saved = (keyset._ext, keyset._fallback_reason, keyset._warned)
+        saved = (native._ext, native._fallback_reason, native._warned)
         try:
-            keyset._ext, keyset._fallback_reason, keyset._warned = None, "a test", False
+            native._ext, native._fallback_reason, native._warned = None, "a test", False
             with self.assertWarns(UserWarning) as ctx:
                 watch = keyset.kernel_watch("aten::add.Tensor")
             self.assertIsInstance(watch, keyset._DumpKernelWatch)
@@ -529,7 +525,7 @@ class TestFallback(TestCase):
             self.assertIn("kernel_watch", message)
             self.assertIn("same source line", message)
         finally:
-            keyset._ext, keyset._fallback_reason, keyset._warned = saved
+            native._ext, native._fallback_reason, native._warned = saved
 
     def test_forced_by_environment(self) -> None:
         """TORCH_CACHEPOLICY_FORCE_PYTHON=1 at import selects the fallback and warns once."""
@@ -559,19 +555,9 @@ class TestFallback(TestCase):
         env = dict(os.environ, TORCH_CACHEPOLICY_FORCE_PYTHON="1")
         # The checkout must win over any other installed copy.
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+            p for p in (str(testing.REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = testing.run_json_script(self, script, env)
         self.assertEqual(result["backend"], "python")
         self.assertEqual(result["watch"], "_DumpKernelWatch")
         self.assertTrue(result["stable"])

@@ -5,7 +5,7 @@ torch itself keeps some objects alive that these tests therefore do not
 expect to be collected: ShapeEnvs (its lru caches hold them even for stock
 modes) and registered fake kernels (the Meta kernel that register_fake
 builds wraps them and outlives the Library). For those the tests check that
-nothing of ours reaches them (``reaches`` from test_mode).
+nothing of ours reaches them (``cachepolicy_testing.reaches``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import tracemalloc
 import weakref
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
-from test_mode import reaches
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch._subclasses.fake_tensor import _DispatchCacheBypassEntry
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -26,7 +25,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_cachepolicy as tcp
 import torch_cachepolicy.store as store_module
 
-conv, pair, size0, good_view = T.op("conv"), T.op("pair"), T.op("size0"), T.op("good_view")
+conv, pair, size0, good_view = testing.op("conv"), testing.op("pair"), testing.op("size0"), testing.op("good_view")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 
@@ -36,10 +35,6 @@ LONG_LOOP_DISPATCHES = 20_000
 # quarter of the long loop; a per-dispatch leak of one small object (~50 B)
 # over the 10k dispatches of the last half would be ~500 KiB.
 FLAT_BOUND_BYTES = 64 * 1024
-
-
-def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
-    return tcp.CachePolicy(namespaces=[T.NS, "quantized_decomposed"], **kwargs)
 
 
 def replay(x4: torch.Tensor, x2: torch.Tensor) -> int:
@@ -74,7 +69,7 @@ class TestCollected(TestCase):
     def test_mode_and_store_collected_after_every_feature(self) -> None:
         """A mode that used crosscheck, a context hook, HOPs and symbolic shapes is freed with its store."""
         def use() -> tuple[weakref.ref[Any], weakref.ref[Any], weakref.ref[Any]]:
-            policy = backend_policy(context_key=lambda: "spec")
+            policy = testing.backend_policy(context_key=lambda: "spec")
             mode = tcp.FakeTensorMode(cache_policy=policy, shape_env=ShapeEnv(), cache_crosscheck=True)
             x = symbolic(mode, 2, 3, 4, 4)
             with mode:
@@ -93,7 +88,7 @@ class TestCollected(TestCase):
     def test_shared_store_lives_as_long_as_a_mode_using_it(self) -> None:
         """A store shared by two modes is freed after the last of them, not before."""
         store = tcp.CacheStore()
-        modes = [tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store) for _ in range(2)]
+        modes = [tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store) for _ in range(2)]
         for m in modes:
             with m:
                 replay(torch.empty(1, 1, 4, 4), torch.empty(2, 3))
@@ -111,7 +106,7 @@ class TestCollected(TestCase):
         from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 
         store = tcp.CacheStore(isolated=True)
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
         refs = []
         with mode:
             x = torch.empty(3, 4)
@@ -133,14 +128,14 @@ class TestCollected(TestCase):
         """Symbolic backend entries hang off the ShapeEnv: the store reaches none of them, and they go with the store."""
         shape_env = ShapeEnv()
         store = tcp.CacheStore()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_store=store)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_store=store)
         x = symbolic(mode, 2, 2, 5, 5)
         with mode:
             for _ in range(3):
                 conv(x, 1)
                 size0(x)
         self.assertGreater(len(store), 0)
-        self.assertFalse(reaches(store, shape_env))
+        self.assertFalse(testing.reaches(store, shape_env))
         tables = shape_env.__dict__[store_module._SHAPE_ENV_ATTR]
         self.assertEqual(len(tables), 1)
         del mode, store, x
@@ -150,21 +145,21 @@ class TestCollected(TestCase):
     def test_store_holds_a_fake_kernel_only_while_it_lives(self) -> None:
         """Entries of a replaced fake kernel stay reachable from the store until the store dies."""
         store = tcp.CacheStore()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        holder = torch._library.simple_registry.singleton.find(f"{T.NS}::swappable")
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        holder = torch._library.simple_registry.singleton.find(f"{testing.NS}::swappable")
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             with mode:
                 x = torch.empty(2, 3)
-                T.op("swappable")(x)
+                testing.op("swappable")(x)
                 old = holder.fake_impl.kernel.func
-                torch.library.register_fake(f"{T.NS}::swappable", T.swappable_v2, lib=lib)
-                self.assertEqual(T.op("swappable")(x).shape, (2, 1))
+                torch.library.register_fake(f"{testing.NS}::swappable", testing.swappable_v2, lib=lib)
+                self.assertEqual(testing.op("swappable")(x).shape, (2, 1))
                 new = holder.fake_impl.kernel.func
         finally:
             lib._destroy()
-        self.assertTrue(reaches(store, old))
-        self.assertTrue(reaches(store, new))
+        self.assertTrue(testing.reaches(store, old))
+        self.assertTrue(testing.reaches(store, new))
         store_ref = weakref.ref(store)
         del mode, store, x
         self.assertCollected(store_ref, "the store")
@@ -176,11 +171,14 @@ class TestManyModes(TestCase):
         modes: weakref.WeakSet[tcp.FakeTensorMode] = weakref.WeakSet()
         stores: weakref.WeakSet[tcp.CacheStore] = weakref.WeakSet()
         shape_envs: list[weakref.ref[ShapeEnv]] = []
-        before = positive_entries(StockMode.cache, T.NS), positive_entries(StockMode.cache, "quantized_decomposed")
+        before = (
+            positive_entries(StockMode.cache, testing.NS),
+            positive_entries(StockMode.cache, "quantized_decomposed"),
+        )
         for i in range(SHORT_LIVED_MODES):
             symbolic_mode = i % 10 == 0
             mode = tcp.FakeTensorMode(
-                cache_policy=backend_policy(), shape_env=ShapeEnv() if symbolic_mode else None
+                cache_policy=testing.backend_policy(), shape_env=ShapeEnv() if symbolic_mode else None
             )
             x4 = symbolic(mode, 1, 2, 4, 4) if symbolic_mode else torch.empty(1, 2, 4, 4 + i % 7)
             with mode:
@@ -203,7 +201,10 @@ class TestManyModes(TestCase):
             len(env.__dict__.get(store_module._SHAPE_ENV_ATTR, {})) for env in (r() for r in shape_envs) if env is not None
         )
         self.assertEqual(leftover_tables, 0)
-        after = positive_entries(StockMode.cache, T.NS), positive_entries(StockMode.cache, "quantized_decomposed")
+        after = (
+            positive_entries(StockMode.cache, testing.NS),
+            positive_entries(StockMode.cache, "quantized_decomposed"),
+        )
         self.assertEqual(after, before)
 
 
@@ -234,7 +235,7 @@ class TestFlatMemory(TestCase):
 
     def test_long_replay_keeps_memory_flat(self) -> None:
         """20,000 dispatches on one policy mode (crosscheck off) keep traced memory flat."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=False)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=False)
         quarters = self.measure(mode)
         print(f"\npolicy mode, {LONG_LOOP_DISPATCHES} dispatches, traced bytes at each quarter: {quarters}")
         self.assertFlat(quarters)
@@ -249,7 +250,7 @@ class TestFlatMemory(TestCase):
 
     def test_long_replay_with_crosscheck_and_shapes_keeps_memory_flat(self) -> None:
         """A quarter as many dispatches with crosscheck and a ShapeEnv keep traced memory flat too."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True, shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True, shape_env=ShapeEnv())
         quarters = self.measure(mode, LONG_LOOP_DISPATCHES // 4)
         print(f"\npolicy mode with crosscheck and ShapeEnv, traced bytes at each quarter: {quarters}")
         self.assertFlat(quarters)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 from torch._ops import OpOverload
@@ -34,13 +34,9 @@ from torch.testing._internal.common_utils import (
 import torch_cachepolicy as tcp
 import torch_cachepolicy.mode as mode_module
 
-conv, pair, dyn, size0 = T.op("conv"), T.op("pair"), T.op("dyn"), T.op("size0")
+conv, pair, dyn, size0 = testing.op("conv"), testing.op("pair"), testing.op("dyn"), testing.op("size0")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 dq_per_tensor = torch.ops.quantized_decomposed.dequantize_per_tensor.default
-
-
-def backend_policy(**kwargs: Any) -> tcp.CachePolicy:
-    return tcp.CachePolicy(namespaces=[T.NS, "quantized_decomposed"], **kwargs)
 
 
 def storage(t: torch.Tensor) -> int:
@@ -59,7 +55,7 @@ def valid_entries_for_namespace(table: dict[Any, Any], ns: str) -> list[Any]:
 class CachePolicyTestCase(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        T.calls.clear()
+        testing.calls.clear()
 
     def assertHitsMisses(self, mode: tcp.FakeTensorMode, hits: int, misses: int) -> None:
         info = mode.cache_info()
@@ -75,11 +71,11 @@ class CachePolicyTestCase(TestCase):
 class TestBackendCaching(CachePolicyTestCase):
     def test_backend_op_runs_its_fake_kernel_once(self) -> None:
         """A registered-namespace op runs its fake kernel once, then hits."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(2, 3, 8, 8)
             outs = [conv(x, 2) for _ in range(4)]
-        self.assertEqual(T.calls["conv"], 1)
+        self.assertEqual(testing.calls["conv"], 1)
         self.assertEqual(mode.cache_report()[conv].hits, 3)
         for out in outs:
             self.assertIsInstance(out, FakeTensor)
@@ -92,13 +88,13 @@ class TestBackendCaching(CachePolicyTestCase):
             x = torch.empty(2, 3, 8, 8)
             for _ in range(4):
                 conv(x, 2)
-        self.assertEqual(T.calls["conv"], 4)
+        self.assertEqual(testing.calls["conv"], 4)
 
     def test_quantized_decomposed_ops(self) -> None:
         """Real quantized_decomposed ops shipped with torch are served from cache."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
-            x = torch.empty(4, T.fresh_size())
+            x = torch.empty(4, testing.fresh_size())
             for _ in range(3):
                 y = q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
                 z = dq_per_tensor(y, 0.1, 0, -128, 127, torch.int8)
@@ -109,7 +105,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_crosscheck_runs_on_every_hit(self) -> None:
         """With crosscheck on, each hit re-runs the kernel and compares."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 5, 5)
             for _ in range(3):
@@ -117,7 +113,7 @@ class TestBackendCaching(CachePolicyTestCase):
                 pair(x)
         report = mode.cache_report()
         self.assertEqual([(report[op].hits, report[op].misses) for op in (conv, pair)], [(2, 1)] * 2)
-        self.assertEqual((T.calls["conv"], T.calls["pair"]), (3, 3))  # 1 miss + 2 crosschecks
+        self.assertEqual((testing.calls["conv"], testing.calls["pair"]), (3, 3))  # 1 miss + 2 crosschecks
 
     def test_crosscheck_follows_dynamo_config(self) -> None:
         """cache_crosscheck=None follows torch._dynamo.config."""
@@ -129,7 +125,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_crosscheck_catches_a_wrong_entry(self) -> None:
         """A corrupted entry is reported by crosscheck instead of returned."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 6, 6)
             conv(x, 1)
@@ -146,7 +142,7 @@ class TestBackendCaching(CachePolicyTestCase):
     def test_symbolic_shapes(self) -> None:
         """Backend ops on symbolic inputs are cached per ShapeEnv, outside torch's caches."""
         shape_env = ShapeEnv()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_crosscheck=True)
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * 3)
         x = mode.from_tensor(torch.empty(3, 2, 8, 8), symbolic_context=ctx)
         with mode:
@@ -154,18 +150,18 @@ class TestBackendCaching(CachePolicyTestCase):
             b = conv(x, 2)
             n = size0(x)
             m = size0(x)
-        self.assertEqual(T.calls["conv"], 2)  # one miss + one crosscheck
+        self.assertEqual(testing.calls["conv"], 2)  # one miss + one crosscheck
         self.assertEqual(str(a.shape[0]), str(x.shape[0]))
         self.assertEqual(a.shape, b.shape)
         self.assertIs(n.node, m.node)
         self.assertEqual(mode.cache_report()[conv].hits, 1)
-        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, T.NS), [])
-        self.assertEqual(valid_entries_for_namespace(StockMode.cache, T.NS), [])
-        self.assertTrue(any(keys_for_namespace(t, T.NS) for t in mode._partition.all_tables()))
+        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, testing.NS), [])
+        self.assertEqual(valid_entries_for_namespace(StockMode.cache, testing.NS), [])
+        self.assertTrue(any(keys_for_namespace(t, testing.NS) for t in mode._partition.all_tables()))
 
     def test_aten_entries_are_shared_with_torch_by_default(self) -> None:
         """aten entries go to torch's storage, exactly as a stock mode would put them."""
-        n = T.fresh_size()
+        n = testing.fresh_size()
         with StockMode():
             torch.empty(n, 3).sin()
         mode = tcp.FakeTensorMode()
@@ -175,7 +171,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_isolated_store_keeps_aten_private(self) -> None:
         """An isolated store computes aten entries itself and keeps them."""
-        n = T.fresh_size()
+        n = testing.fresh_size()
         before = len(StockMode.cache)
         store = tcp.CacheStore(isolated=True)
         mode = tcp.FakeTensorMode(cache_store=store)
@@ -210,7 +206,7 @@ class TestSafety(CachePolicyTestCase):
             yield
 
     def _unbacked_symbols(self) -> tuple[Any, Any]:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
         with mode:
             x = torch.empty(4, 4)
             return dyn(x), dyn(x)
@@ -225,7 +221,7 @@ class TestSafety(CachePolicyTestCase):
 
     def test_scalar_output_derived_from_inputs_is_cached(self) -> None:
         """A SymInt output made of input symbols is safe to cache."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
         x = mode.from_tensor(
             torch.empty(5, 2),
             symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]),
@@ -236,10 +232,10 @@ class TestSafety(CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[size0].hits, 1)
 
     def _undeclared_alias(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(3, 3)
-            return x, [T.op("bad_view")(x) for _ in range(2)]
+            return x, [testing.op("bad_view")(x) for _ in range(2)]
 
     def test_undeclared_aliasing_is_never_cached(self) -> None:
         """An output sharing an input's storage without a schema annotation bypasses."""
@@ -250,9 +246,9 @@ class TestSafety(CachePolicyTestCase):
         self.assertNotEqual(storage(outs[1]), storage(x))
 
     def _twins(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        with tcp.FakeTensorMode(cache_policy=backend_policy()):
+        with tcp.FakeTensorMode(cache_policy=testing.backend_policy()):
             x = torch.empty(2, 2)
-            return [T.op("twins")(x) for _ in range(2)]
+            return [testing.op("twins")(x) for _ in range(2)]
 
     def test_outputs_aliasing_each_other_are_never_cached(self) -> None:
         """Two outputs sharing a storage bypass, so a hit cannot split them."""
@@ -266,7 +262,7 @@ class TestSafety(CachePolicyTestCase):
         op = torch.ops.prims.as_strided.default
         mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=store == "isolated"), cache_crosscheck=True)
         with mode:
-            x = torch.empty(2, T.fresh_size())
+            x = torch.empty(2, testing.fresh_size())
             outs = [op(x, [3, 2], [1, 3], 0) for _ in range(3)]
         self.assertEqual({storage(o) for o in outs}, {storage(x)})
         # torch 2.14 refuses to cache prims.as_strided itself, with its own
@@ -282,40 +278,40 @@ class TestSafety(CachePolicyTestCase):
 
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(3, 3)
-            outs = [T.op("good_view")(x) for _ in range(3)]
-        self.assertEqual(mode.cache_report()[T.op("good_view")].hits, 2)
+            outs = [testing.op("good_view")(x) for _ in range(3)]
+        self.assertEqual(mode.cache_report()[testing.op("good_view")].hits, 2)
         self.assertEqual({storage(o) for o in outs}, {storage(x)})
 
     def _mutations(self, policy: tcp.CachePolicy) -> int:
         with tcp.FakeTensorMode(cache_policy=policy):
             x = torch.empty(3)
             for _ in range(3):
-                T.op("mut")(x)
-        return T.calls["mut"]
+                testing.op("mut")(x)
+        return testing.calls["mut"]
 
     def test_mutating_op_needs_an_explicit_opt_in(self) -> None:
         """A Tensor(a!) op runs its kernel every time unless allowed by name."""
-        self.assertEqual(self._mutations(backend_policy()), 3)
-        T.calls.clear()
-        self.assertEqual(self._mutations(backend_policy(allow=[T.op("mut")])), 1)
-        T.calls.clear()
+        self.assertEqual(self._mutations(testing.backend_policy()), 3)
+        testing.calls.clear()
+        self.assertEqual(self._mutations(testing.backend_policy(allow=[testing.op("mut")])), 1)
+        testing.calls.clear()
         with self.naive():
-            self.assertEqual(self._mutations(backend_policy()), 1)
+            self.assertEqual(self._mutations(testing.backend_policy()), 1)
 
     def _multi_view(self) -> tcp.FakeTensorMode:
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x, y = torch.empty(2, 2), torch.empty(2, 2)
-            T.op("multi_view")(x, y)
+            testing.op("multi_view")(x, y)
         return mode
 
     def test_view_with_several_tensor_args_bypasses(self) -> None:
         """A view schema with two tensor args bypasses instead of asserting."""
         mode = self._multi_view()
-        self.assertBypassed(mode, T.op("multi_view"), "view op with several tensor arguments", 1)
+        self.assertBypassed(mode, testing.op("multi_view"), "view op with several tensor arguments", 1)
         with self.naive(), self.assertRaisesRegex(AssertionError, "exactly one tensor arg"):
             self._multi_view()
 
@@ -325,52 +321,52 @@ class TestSafety(CachePolicyTestCase):
         op = getattr(torch.ops.tcp_test.swappable, overload)
         extra = () if overload == "default" else (3,)
         name = op.name()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             with mode:
                 x = torch.empty(4, 4)
                 self.assertEqual(op(x, *extra).shape, (4, 4))
-                torch.library.register_fake(name, lambda x, *a: T.swappable_v2(x), lib=lib)
+                torch.library.register_fake(name, lambda x, *a: testing.swappable_v2(x), lib=lib)
                 self.assertEqual(op(x, *extra).shape, (4, 1))
                 self.assertEqual(op(x, *extra).shape, (4, 1))
         finally:
             lib._destroy()
-        self.assertEqual(T.calls["swappable"], 2)
+        self.assertEqual(testing.calls["swappable"], 2)
         with mode:
             self.assertEqual(op(x, *extra).shape, (4, 4))  # v1 again: its entries are still valid
 
     def test_context_key_separates_ambient_state(self) -> None:
         """A context_key hook keeps a kernel reading global state from being replayed stale."""
-        ambient_cast = T.op("ambient_cast")
+        ambient_cast = testing.op("ambient_cast")
 
         def run(policy: tcp.CachePolicy) -> list[torch.dtype]:
             dtypes = []
             with tcp.FakeTensorMode(cache_policy=policy):
                 x = torch.empty(2)
                 for dtype in (torch.float32, torch.int8, torch.float32, torch.int8):
-                    T.ambient["dtype"] = dtype
+                    testing.ambient["dtype"] = dtype
                     dtypes.append(ambient_cast(x).dtype)
-            T.ambient["dtype"] = torch.float32
+            testing.ambient["dtype"] = torch.float32
             return dtypes
 
         expected = [torch.float32, torch.int8, torch.float32, torch.int8]
-        self.assertEqual(run(backend_policy(context_key=lambda: T.ambient["dtype"])), expected)
-        self.assertEqual(T.calls["ambient_cast"], 2)
-        self.assertNotEqual(run(backend_policy()), expected)  # without the hook: stale
+        self.assertEqual(run(testing.backend_policy(context_key=lambda: testing.ambient["dtype"])), expected)
+        self.assertEqual(testing.calls["ambient_cast"], 2)
+        self.assertNotEqual(run(testing.backend_policy()), expected)  # without the hook: stale
 
     def test_context_namespaces_limit_the_context(self) -> None:
         """With context_namespaces, ops of other namespaces share entries across contexts."""
-        ambient_cast = T.op("ambient_cast")
-        policy = backend_policy(context_key=lambda: T.ambient["dtype"], context_namespaces=[T.NS])
+        ambient_cast = testing.op("ambient_cast")
+        policy = testing.backend_policy(context_key=lambda: testing.ambient["dtype"], context_namespaces=[testing.NS])
         mode = tcp.FakeTensorMode(cache_policy=policy)
         with mode:
-            x = torch.empty(2, T.fresh_size())
+            x = torch.empty(2, testing.fresh_size())
             for dtype in (torch.float32, torch.int8, torch.float32):
-                T.ambient["dtype"] = dtype
+                testing.ambient["dtype"] = dtype
                 self.assertEqual(ambient_cast(x).dtype, dtype)
                 q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
-        T.ambient["dtype"] = torch.float32
+        testing.ambient["dtype"] = torch.float32
         report = mode.cache_report()
         self.assertEqual((report[ambient_cast].hits, report[ambient_cast].misses), (1, 2))
         self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 1))
@@ -380,14 +376,14 @@ class TestSafety(CachePolicyTestCase):
 
         class SpecPolicy(tcp.CachePolicy):
             def context_key(self) -> Any:
-                return T.ambient["dtype"]
+                return testing.ambient["dtype"]
 
-        with tcp.FakeTensorMode(cache_policy=SpecPolicy(namespaces=[T.NS])):
+        with tcp.FakeTensorMode(cache_policy=SpecPolicy(namespaces=[testing.NS])):
             x = torch.empty(2)
-            T.ambient["dtype"] = torch.int16
-            self.assertEqual(T.op("ambient_cast")(x).dtype, torch.int16)
-            T.ambient["dtype"] = torch.float32
-            self.assertEqual(T.op("ambient_cast")(x).dtype, torch.float32)
+            testing.ambient["dtype"] = torch.int16
+            self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.int16)
+            testing.ambient["dtype"] = torch.float32
+            self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.float32)
 
 
 class TestVerification(CachePolicyTestCase):
@@ -503,9 +499,11 @@ class TestVerification(CachePolicyTestCase):
     def test_inner_op_context_is_a_dependency(self) -> None:
         """An entry whose kernel calls an op reading the context is not replayed across contexts."""
         self.lib.define("outer(Tensor x) -> Tensor")
-        torch.library.register_fake("tcp_verify::outer", lambda x: T.op("ambient_cast")(x), lib=self.lib)
+        torch.library.register_fake("tcp_verify::outer", lambda x: testing.op("ambient_cast")(x), lib=self.lib)
         policy = tcp.CachePolicy(
-            namespaces=["tcp_verify", T.NS], context_key=lambda: T.ambient["dtype"], context_namespaces=[T.NS]
+            namespaces=["tcp_verify", testing.NS],
+            context_key=lambda: testing.ambient["dtype"],
+            context_namespaces=[testing.NS],
         )
         mode = tcp.FakeTensorMode(cache_policy=policy)
         try:
@@ -513,10 +511,10 @@ class TestVerification(CachePolicyTestCase):
                 x = torch.empty(2)
                 dtypes = []
                 for dtype in (torch.float16, torch.float16, torch.int8, torch.float16):
-                    T.ambient["dtype"] = dtype
+                    testing.ambient["dtype"] = dtype
                     dtypes.append(torch.ops.tcp_verify.outer(x).dtype)
         finally:
-            T.ambient["dtype"] = torch.float32
+            testing.ambient["dtype"] = torch.float32
         self.assertEqual(dtypes, [torch.float16, torch.float16, torch.int8, torch.float16])
         report = mode.cache_report()[torch.ops.tcp_verify.outer.default]
         self.assertEqual((report.hits, report.misses), (1, 3))
@@ -525,7 +523,7 @@ class TestVerification(CachePolicyTestCase):
         """A backend kernel calling a denied op is not cached either."""
         self.lib.define("outer(Tensor x) -> Tensor")
         torch.library.register_fake("tcp_verify::outer", lambda x: conv(x, 1), lib=self.lib)
-        policy = backend_policy()
+        policy = testing.backend_policy()
         policy.register_namespace("tcp_verify")
         policy.deny(conv)
         mode = tcp.FakeTensorMode(cache_policy=policy)
@@ -533,7 +531,7 @@ class TestVerification(CachePolicyTestCase):
             x = torch.empty(1, 2, 4, 4)
             for _ in range(3):
                 torch.ops.tcp_verify.outer(x)
-        self.assertEqual(T.calls["conv"], 3)
+        self.assertEqual(testing.calls["conv"], 3)
         self.assertBypassed(
             mode, torch.ops.tcp_verify.outer.default, "its kernel dispatches an op the policy denies", 3
         )
@@ -544,20 +542,20 @@ class TestIsolation(CachePolicyTestCase):
         """is_builtin, the class cache and the class counters never change."""
         original_is_builtin = library_utils.is_builtin
         seen: list[object] = []
-        before = T.stock_info()
+        before = testing.stock_info()
         shape_env = ShapeEnv()
 
         def spy(x: torch.Tensor, stride: int) -> torch.Tensor:
             seen.append(library_utils.is_builtin)
             return x.new_empty(x.shape)
 
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
-            torch.library.register_fake(f"{T.NS}::conv", spy, lib=lib)
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env)
+            torch.library.register_fake(f"{testing.NS}::conv", spy, lib=lib)
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env)
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
             x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
-            n = T.fresh_size()
+            n = testing.fresh_size()
             with mode:
                 for _ in range(3):
                     conv(x, 1)
@@ -566,10 +564,10 @@ class TestIsolation(CachePolicyTestCase):
             lib._destroy()
         self.assertEqual(seen, [original_is_builtin] * 2)
         self.assertIs(library_utils.is_builtin, original_is_builtin)
-        hits, misses, bypasses, _ = T.stock_info()
+        hits, misses, bypasses, _ = testing.stock_info()
         self.assertEqual((hits, misses, bypasses), before[:3])
-        self.assertEqual(valid_entries_for_namespace(StockMode.cache, T.NS), [])
-        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, T.NS), [])
+        self.assertEqual(valid_entries_for_namespace(StockMode.cache, testing.NS), [])
+        self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, testing.NS), [])
         self.assertGreater(mode.cache_info().hits, 0)
 
     def test_stock_mode_in_another_thread_still_bypasses(self) -> None:
@@ -577,7 +575,7 @@ class TestIsolation(CachePolicyTestCase):
         n_calls = 50
         barrier = threading.Barrier(2)
         errors: list[BaseException] = []
-        before = T.stock_info()[2].get("non-builtin", 0)
+        before = testing.stock_info()[2].get("non-builtin", 0)
 
         def stock_worker() -> None:
             try:
@@ -591,7 +589,7 @@ class TestIsolation(CachePolicyTestCase):
 
         thread = threading.Thread(target=stock_worker)
         thread.start()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(1, 1, 4, 4)
             barrier.wait()
@@ -599,7 +597,7 @@ class TestIsolation(CachePolicyTestCase):
                 conv(x, 1)
         thread.join()
         self.assertEqual(errors, [])
-        self.assertEqual(T.stock_info()[2].get("non-builtin", 0) - before, n_calls)
+        self.assertEqual(testing.stock_info()[2].get("non-builtin", 0) - before, n_calls)
         self.assertEqual(mode.cache_report()[conv].hits, n_calls - 1)
 
     def test_reading_stats_while_another_thread_dispatches(self) -> None:
@@ -615,7 +613,7 @@ class TestIsolation(CachePolicyTestCase):
                 with mode:
                     for _ in range(20):
                         for n in names:
-                            getattr(torch.ops.aten, n).default(torch.empty(2, T.fresh_size()))
+                            getattr(torch.ops.aten, n).default(torch.empty(2, testing.fresh_size()))
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
             finally:
@@ -638,7 +636,7 @@ class TestIsolation(CachePolicyTestCase):
         results: dict[int, tcp.FakeTensorMode] = {}
 
         def worker(i: int) -> None:
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
             with mode:
                 x = torch.empty(1, 1, 4, 4 + i)
                 for _ in range(10 * (i + 1)):
@@ -664,7 +662,7 @@ class TestIdentity(CachePolicyTestCase):
             x = torch.empty(1, 1, 3, 3)
             conv(x, 1)
             conv(x, 1)
-            policy.register_namespace(T.NS)
+            policy.register_namespace(testing.NS)
             conv(x, 1)
             conv(x, 1)
         self.assertEqual(mode.cache_report()[conv].bypasses, {"non-builtin": 2})
@@ -676,9 +674,9 @@ class TestIdentity(CachePolicyTestCase):
             x = torch.empty(1, 1, 7, 7)
             conv(x, 1)
         self.assertTrue(
-            any(isinstance(StockMode.cache[k], _DispatchCacheBypassEntry) for k in keys_for_namespace(StockMode.cache, T.NS))
+            any(isinstance(StockMode.cache[k], _DispatchCacheBypassEntry) for k in keys_for_namespace(StockMode.cache, testing.NS))
         )
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(1, 1, 7, 7)
             conv(x, 1)
@@ -687,10 +685,10 @@ class TestIdentity(CachePolicyTestCase):
 
     def test_denied_op_is_never_served(self) -> None:
         """deny() beats namespaces and keeps even an aten op out of every layer."""
-        n = T.fresh_size()
+        n = testing.fresh_size()
         with StockMode():
             torch.empty(n).exp()  # torch's storage now holds an entry for it
-        policy = backend_policy(deny=[torch.ops.aten.exp.default, conv])
+        policy = testing.backend_policy(deny=[torch.ops.aten.exp.default, conv])
         mode = tcp.FakeTensorMode(cache_policy=policy)
         with mode:
             x = torch.empty(n)
@@ -703,30 +701,30 @@ class TestIdentity(CachePolicyTestCase):
     def test_shared_store_keeps_policies_apart(self) -> None:
         """Two policies sharing a store never see each other's entries."""
         store = tcp.CacheStore()
-        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: "b"), cache_store=store)
-        c = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
+        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: "b"), cache_store=store)
+        c = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
         for mode in (a, b, c):
             with mode:
                 conv(torch.empty(1, 1, 5, 5), 1)
         self.assertEqual([m.cache_report()[conv].hits for m in (a, b, c)], [0, 0, 1])
-        self.assertEqual(T.calls["conv"], 2)
+        self.assertEqual(testing.calls["conv"], 2)
 
     def test_replacing_the_policy(self) -> None:
         """mode.cache_policy can be replaced, and is validated."""
         mode = tcp.FakeTensorMode()
-        mode.cache_policy = backend_policy()
+        mode.cache_policy = testing.backend_policy()
         with mode:
             conv(torch.empty(1, 1, 2, 2), 1)
             conv(torch.empty(1, 1, 2, 2), 1)
         self.assertEqual(mode.cache_report()[conv].hits, 1)
-        with self.assertRaisesRegex(TypeError, r"FakeTensorMode.cache_policy = \.\.\.: expected a torch_cachepolicy.CachePolicy, got str"):
+        with self.assertRaisesRegex(TypeError, r"FakeTensorMode.cache_policy = \.\.\.: expected a torch_cachepolicy.CachePolicy or None, got the string 'tosa'"):
             mode.cache_policy = "tosa"  # type: ignore[assignment]
 
     def test_cleared_partition_stays_shared(self) -> None:
         """After cache_clear(), modes sharing the store and policy still share entries."""
         store = tcp.CacheStore()
-        policy = backend_policy()
+        policy = testing.backend_policy()
         a, b, c = (tcp.FakeTensorMode(cache_policy=policy, cache_store=store) for _ in range(3))
         with a:
             conv(torch.empty(1, 1, 3, 9), 1)
@@ -744,8 +742,8 @@ class TestIdentity(CachePolicyTestCase):
     def test_cache_clear_clears_this_instance_only(self) -> None:
         """cache_clear() resets this mode; another mode's entries and counters stay."""
         store = tcp.CacheStore()
-        a = tcp.FakeTensorMode(cache_policy=backend_policy(), cache_store=store)
-        b = tcp.FakeTensorMode(cache_policy=backend_policy(context_key=lambda: 1), cache_store=store)
+        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: 1), cache_store=store)
         for mode in (a, b):
             with mode:
                 conv(torch.empty(1, 1, 5, 6), 1)
@@ -759,9 +757,9 @@ class TestIdentity(CachePolicyTestCase):
 class TestReport(CachePolicyTestCase):
     def test_cache_report(self) -> None:
         """cache_report() lists each op's hits, misses and bypass reasons."""
-        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[T.NS]), shape_env=ShapeEnv())
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[testing.NS]), shape_env=ShapeEnv())
         with mode:
-            x = torch.empty(1, 1, 3, T.fresh_size())
+            x = torch.empty(1, 1, 3, testing.fresh_size())
             for _ in range(3):
                 conv(x, 1)
                 dyn(x)
@@ -870,48 +868,19 @@ class TestHigherOrderOps(CachePolicyTestCase):
         self.assertEqual(len(store), size - 1)
 
 
-def reaches(root: object, target: object, limit: int = 200_000) -> bool:
-    """Whether ``target`` is reachable from ``root`` through containers and
-    plain objects (not through operators, modules, types or functions, which
-    lead into torch's global state)."""
-    import types
-
-    stop = (torch._ops.OperatorBase, types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-    seen, todo = {id(root)}, [root]
-    while todo and len(seen) < limit:
-        for ref in gc.get_referents(todo.pop()):
-            if ref is target:
-                return True
-            if id(ref) not in seen and not isinstance(ref, stop):
-                seen.add(id(ref))
-                todo.append(ref)
-    return False
-
-
 # Ops whose owners declare torch's own cacheability tags (Note [Reusing
 # torch's validation] in mode.py): torch.Tag is a closed enum (tags.yaml), and
 # these three are the tags _validate_cache_key reads.
-DECL_NS = "tcp_decl"
-_decl_lib = torch.library.Library(DECL_NS, "DEF")
+# Their kernels count in testing.calls, which CachePolicyTestCase clears before each test.
+DECL_OPS = testing.CountedOps("tcp_decl", calls=testing.calls)
+DECL_NS = DECL_OPS.ns
 TAG_REASONS = {
     "data_dependent_output": "data dependent output",
     "dynamic_output_shape": "dynamic output shape",
     "inplace_view": "inplace view",
 }
-
-
-def _define_tagged(tag: str) -> None:
-    _decl_lib.define(f"{tag}(Tensor x) -> Tensor", tags=(getattr(torch.Tag, tag),))
-
-    def fake(x: torch.Tensor) -> torch.Tensor:
-        T.calls[tag] += 1
-        return torch.empty_like(x)
-
-    torch.library.register_fake(f"{DECL_NS}::{tag}", fake, lib=_decl_lib)
-
-
 for _tag in TAG_REASONS:
-    _define_tagged(_tag)
+    DECL_OPS.define(f"{_tag}(Tensor x) -> Tensor", tags=(getattr(torch.Tag, _tag),))(torch.empty_like)
 
 
 @torch.library.custom_op(f"{DECL_NS}::tagged_custom", mutates_args=(), tags=(torch.Tag.data_dependent_output,))
@@ -919,10 +888,7 @@ def tagged_custom(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
 
 
-@tagged_custom.register_fake
-def _tagged_custom_fake(x: torch.Tensor) -> torch.Tensor:
-    T.calls["tagged_custom"] += 1
-    return torch.empty_like(x)
+tagged_custom.register_fake(DECL_OPS.counted("tagged_custom", torch.empty_like))
 
 
 class TestOwnerDeclarations(CachePolicyTestCase):
@@ -942,14 +908,14 @@ class TestOwnerDeclarations(CachePolicyTestCase):
         """A backend op tagged like aten's uncacheable ops bypasses with stock's reason, even if allowed by name."""
         op = getattr(torch.ops.tcp_decl, tag).default
         for policy in (tcp.CachePolicy(namespaces=[DECL_NS]), tcp.CachePolicy(allow=[op])):
-            T.calls.clear()
+            testing.calls.clear()
             mode = tcp.FakeTensorMode(cache_policy=policy)
             with mode:
                 x = torch.empty(2, 3)
                 for _ in range(3):
                     op(x)
             self.assertTrue(policy.decide(op).cacheable)
-            self.assertEqual(T.calls[tag], 3)
+            self.assertEqual(testing.calls[tag], 3)
             self.assertBypassed(mode, op, TAG_REASONS[tag], 3)
         # Stock reads the tag before is_builtin: same reason, no "non-builtin".
         self.assertEqual(self._stock_bypasses(op, 2), {TAG_REASONS[tag]: 2})
@@ -963,14 +929,14 @@ class TestOwnerDeclarations(CachePolicyTestCase):
             x = torch.empty(2, 3)
             for _ in range(3):
                 op(x)
-        self.assertEqual(T.calls["tagged_custom"], 3)
+        self.assertEqual(testing.calls["tagged_custom"], 3)
         self.assertBypassed(mode, op, "data dependent output", 3)
 
     def test_tag_enum_is_closed(self) -> None:
         """An owner cannot invent a tag such as 'fake_cacheable': Tag is generated from tags.yaml."""
         self.assertFalse(hasattr(torch.Tag, "fake_cacheable"))
         with self.assertRaises(TypeError):
-            _decl_lib.define("untagged(Tensor x) -> Tensor", tags=("fake_cacheable",))  # type: ignore[arg-type]
+            DECL_OPS.lib.define("untagged(Tensor x) -> Tensor", tags=("fake_cacheable",))  # type: ignore[arg-type]
         with self.assertRaises(TypeError):
             torch.library.custom_op(
                 f"{DECL_NS}::strtag", mutates_args=(), schema="(Tensor x) -> Tensor", tags=("fake_cacheable",)  # type: ignore[arg-type]
@@ -994,24 +960,21 @@ class TestOwnerDeclarations(CachePolicyTestCase):
         hop = DeclHop()
         hop.fallthrough(torch._C.DispatchKey.AutogradCPU)
 
-        @register_hop_fake(hop, skip_cache=skip_cache)
-        def _fake(x: torch.Tensor) -> torch.Tensor:
-            T.calls[name] += 1
-            return torch.empty_like(x)
+        register_hop_fake(hop, DECL_OPS.counted(name, torch.empty_like), skip_cache=skip_cache)
 
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy())
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(2, 3)
             for _ in range(3):
                 hop(x)
-        self.assertEqual(T.calls[name], 3 if skip_cache else 1)
+        self.assertEqual(testing.calls[name], 3 if skip_cache else 1)
 
 
 class TestLifetime(CachePolicyTestCase):
     def test_mode_and_store_are_collected(self) -> None:
         """Dropping a mode frees it and its private store."""
         def make() -> tuple[weakref.ref[Any], ...]:
-            mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=ShapeEnv())
+            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
             x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
             with mode:
@@ -1028,14 +991,14 @@ class TestLifetime(CachePolicyTestCase):
         lru caches keep ShapeEnvs alive, so reachability is what we can test)."""
         store = tcp.CacheStore()
         shape_env = ShapeEnv()
-        mode = tcp.FakeTensorMode(cache_policy=backend_policy(), shape_env=shape_env, cache_store=store)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_store=store)
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
         x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
         with mode:
             conv(x, 1)
         self.assertEqual(len(store), 1)
-        self.assertTrue(reaches(mode, shape_env))  # the helper does find real paths
-        self.assertFalse(reaches(store, shape_env))
+        self.assertTrue(testing.reaches(mode, shape_env))  # the helper does find real paths
+        self.assertFalse(testing.reaches(store, shape_env))
 
 
 def _make(kind: str) -> Any:
@@ -1093,7 +1056,7 @@ class TestDropIn(TestCase):
 
     def counts(self, kind: str, mode: Any) -> tuple[int, int, dict[str, int]]:
         if kind == "stock":
-            hits, misses, bypasses, _ = T.stock_info()
+            hits, misses, bypasses, _ = testing.stock_info()
             base = self._base
             return hits - base[0], misses - base[1], {
                 k: v - base[2].get(k, 0) for k, v in bypasses.items() if v - base[2].get(k, 0)
@@ -1103,7 +1066,7 @@ class TestDropIn(TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self._base = T.stock_info()
+        self._base = testing.stock_info()
 
     def _key_differs(self, fm: Any, x: Any, y: Any, z: Any) -> None:
         from torch._subclasses._fake_tensor_utils import _CacheKeyState
@@ -1135,7 +1098,7 @@ class TestDropIn(TestCase):
         from torch._subclasses.fake_tensor import extract_tensor_metadata
 
         with _make(kind) as mode:
-            x, y = torch.empty(4, T.fresh_size()), torch.empty(4, 1)
+            x, y = torch.empty(4, testing.fresh_size()), torch.empty(4, 1)
             before = self.counts(kind, mode)
             r1 = x + y
             r2 = x + y
@@ -1155,7 +1118,7 @@ class TestDropIn(TestCase):
     def test_cache_default_dtype(self, kind: str) -> None:
         """The default dtype is part of the key."""
         with _make(kind) as mode:
-            x = torch.empty(T.fresh_size(), dtype=torch.int32)
+            x = torch.empty(testing.fresh_size(), dtype=torch.int32)
             start = self.counts(kind, mode)
             try:
                 dtypes = []
@@ -1172,7 +1135,7 @@ class TestDropIn(TestCase):
     def test_cache_inplace_op(self, kind: str) -> None:
         """An inplace op served from cache returns its input."""
         with _make(kind):
-            x, y = torch.empty(1, T.fresh_size()), torch.empty(1, 1)
+            x, y = torch.empty(1, testing.fresh_size()), torch.empty(1, 1)
             self.assertIs(x.add_(y), x)
             self.assertIs(x.add_(y), x)
 
@@ -1200,7 +1163,7 @@ class TestDropIn(TestCase):
     def test_inference_mode(self, kind: str) -> None:
         """Inference mode is part of the key."""
         with _make(kind) as mode:
-            x, y = torch.empty(4, T.fresh_size()), torch.empty(4, 1)
+            x, y = torch.empty(4, testing.fresh_size()), torch.empty(4, 1)
             start = self.counts(kind, mode)
             r1 = x + y
             with torch.inference_mode():
@@ -1216,7 +1179,7 @@ class TestDropIn(TestCase):
     def test_cache_tuple_outputs(self, kind: str) -> None:
         """Tuple outputs are cached element by element."""
         with _make(kind) as mode:
-            x = torch.empty(6, T.fresh_size())
+            x = torch.empty(6, testing.fresh_size())
             start = self.counts(kind, mode)
             a = torch.split(x, 2)
             b = torch.split(x, 2)
@@ -1228,7 +1191,7 @@ class TestDropIn(TestCase):
     def test_backend_op_bypass_reason(self, kind: str) -> None:
         """With the default policy a backend op bypasses as 'non-builtin', like stock."""
         with _make(kind) as mode:
-            conv(torch.empty(1, 1, 2, T.fresh_size()), 1)
+            conv(torch.empty(1, 1, 2, testing.fresh_size()), 1)
             self.assertEqual(self.counts(kind, mode)[2].get("non-builtin"), 1)
 
 

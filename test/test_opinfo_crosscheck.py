@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import pytest
 import torch
 import torch._library.utils as library_utils
@@ -218,7 +218,7 @@ class ModeSpec:
 MODES = (
     ModeSpec("default", tcp.CachePolicy, isolated=False),
     ModeSpec("default-isolated", tcp.CachePolicy, isolated=True),
-    ModeSpec("permissive", lambda: tcp.CachePolicy(namespaces=[T.NS]), isolated=True),
+    ModeSpec("permissive", lambda: tcp.CachePolicy(namespaces=[testing.NS]), isolated=True),
 )
 
 # OpInfos whose test is expected to fail (xfail) or cannot run (skip), as
@@ -436,11 +436,11 @@ def backend_cases() -> list[tuple[str, Callable[..., Any], Sample]]:
     """Every tcp_test op, and two quantized_decomposed ops, on a few inputs."""
     x2, x4 = torch.empty(3, 5), torch.empty(2, 3, 8, 8)
     cases: list[tuple[str, Callable[..., Any], Sample]] = [
-        (f"conv/{stride}", T.op("conv"), Sample(x4, (stride,))) for stride in (1, 2)
+        (f"conv/{stride}", testing.op("conv"), Sample(x4, (stride,))) for stride in (1, 2)
     ]
     for name in ("pair", "dyn", "size0", "bad_view", "good_view", "mut", "ambient_cast", "swappable", "no_fake"):
-        cases += [(f"{name}/{x.dim()}d", T.op(name), Sample(x)) for x in (x2, x4)]
-    cases.append(("multi_view", T.op("multi_view"), Sample(x2, (torch.empty(3),))))
+        cases += [(f"{name}/{x.dim()}d", testing.op(name), Sample(x)) for x in (x2, x4)]
+    cases.append(("multi_view", testing.op("multi_view"), Sample(x2, (torch.empty(3),))))
     qd = torch.ops.quantized_decomposed
     cases.append(("quantize_per_tensor", qd.quantize_per_tensor.default, Sample(x2, (0.1, 0, -128, 127, torch.int8))))
     cases.append(
@@ -558,7 +558,7 @@ class TestKnownIssues(TestCase):
         mode = StockMode()
         mode.cache_crosscheck_enabled = True  # this instance only
         with mode:
-            x = torch.empty(3, T.fresh_size())
+            x = torch.empty(3, testing.fresh_size())
             first = torch.ops.aten.aminmax.default(x)
             second = torch.ops.aten.aminmax.default(x)
         self.assertEqual([t.shape for t in first], [t.shape for t in second])

@@ -9,7 +9,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-import cachepolicy_testing as T
+import cachepolicy_testing as testing
 import torch
 from torch.testing._internal.common_utils import (
     TestCase,
@@ -21,7 +21,7 @@ from torch.testing._internal.common_utils import (
 import torch_cachepolicy as tcp
 from torch_cachepolicy.policy import unhashable_part
 
-conv = T.op("conv")
+conv = testing.op("conv")
 add = torch.ops.aten.add.Tensor
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
 
@@ -74,7 +74,7 @@ class TestRules(TestCase):
 
     def test_include_builtins_false(self) -> None:
         """include_builtins=False turns off aten too."""
-        policy = tcp.CachePolicy(namespaces=[T.NS], include_builtins=False)
+        policy = tcp.CachePolicy(namespaces=[testing.NS], include_builtins=False)
         self.assertCacheable(policy, add, False)
         self.assertCacheable(policy, conv, True)
 
@@ -82,7 +82,7 @@ class TestRules(TestCase):
         """@register_namespace(ns) registers at once and returns the decorated object."""
         policy = tcp.CachePolicy()
 
-        @policy.register_namespace(T.NS)
+        @policy.register_namespace(testing.NS)
         def define_ops(lib: Any) -> str:
             return "unchanged"
 
@@ -92,12 +92,12 @@ class TestRules(TestCase):
     def test_register_namespace_accepts_library(self) -> None:
         """A torch.library.Library names its namespace."""
         policy = tcp.CachePolicy()
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             policy.register_namespace(lib)
         finally:
             lib._destroy()
-        self.assertIn(T.NS, policy.namespaces)
+        self.assertIn(testing.NS, policy.namespaces)
 
     @parametrize("form", ["overload", "packet", "string", "packet_string", "custom_op"])
     def test_register_op_forms(self, form: str) -> None:
@@ -118,7 +118,7 @@ class TestRules(TestCase):
 
     def test_deny_beats_allow_and_namespace(self) -> None:
         """deny wins over register_op, namespaces and builtins."""
-        policy = tcp.CachePolicy(namespaces=[T.NS], allow=[conv], deny=[conv, add])
+        policy = tcp.CachePolicy(namespaces=[testing.NS], allow=[conv], deny=[conv, add])
         self.assertCacheable(policy, conv, False)
         self.assertCacheable(policy, add, False)
         self.assertCacheable(policy, torch.ops.aten.mul.Tensor, True)
@@ -139,13 +139,13 @@ class TestRules(TestCase):
 
     def test_no_fake_kernel(self) -> None:
         """An admitted op with nothing to run on meta tensors is not cacheable, and not memoized."""
-        policy = tcp.CachePolicy(namespaces=[T.NS])
-        self.assertEqual(policy.decide(T.op("no_fake")).label, "no fake kernel")
-        self.assertNotIn(T.op("no_fake"), policy._decisions)
+        policy = tcp.CachePolicy(namespaces=[testing.NS])
+        self.assertEqual(policy.decide(testing.op("no_fake")).label, "no fake kernel")
+        self.assertNotIn(testing.op("no_fake"), policy._decisions)
 
     def test_explain(self) -> None:
         """explain() states the verdict, the rule and the kernels looked at."""
-        policy = tcp.CachePolicy(namespaces=[T.NS])
+        policy = tcp.CachePolicy(namespaces=[testing.NS])
         self.assertExpectedInline(
             policy.explain(conv),
             """\
@@ -162,7 +162,7 @@ quantized_decomposed::quantize_per_tensor.default: not cacheable: namespace 'qua
 
     def test_repr(self) -> None:
         """repr() shows the rules."""
-        policy = tcp.CachePolicy(namespaces=["tosa_never_defined", T.NS], deny=[add])
+        policy = tcp.CachePolicy(namespaces=["tosa_never_defined", testing.NS], deny=[add])
         self.assertExpectedInline(
             repr(policy), """CachePolicy(namespaces=['tcp_test', 'tosa_never_defined'], deny=['aten::add.Tensor'])"""
         )
@@ -171,8 +171,8 @@ quantized_decomposed::quantize_per_tensor.default: not cacheable: namespace 'qua
 class TestIdentity(TestCase):
     def test_equal_rules_equal_identity(self) -> None:
         """Two policies with the same rules share identity; order does not matter."""
-        a = tcp.CachePolicy(namespaces=["x", T.NS], deny=[add])
-        b = tcp.CachePolicy(namespaces=[T.NS, "x"], deny=["aten::add.Tensor"])
+        a = tcp.CachePolicy(namespaces=["x", testing.NS], deny=[add])
+        b = tcp.CachePolicy(namespaces=[testing.NS, "x"], deny=["aten::add.Tensor"])
         self.assertEqual(a.identity, b.identity)
         self.assertEqual(hash(a.identity), hash(b.identity))
 
@@ -193,7 +193,7 @@ class TestIdentity(TestCase):
         policy = tcp.CachePolicy()
         before = policy.identity
         self.assertFalse(policy.is_cacheable(conv))
-        policy.register_namespace(T.NS)
+        policy.register_namespace(testing.NS)
         self.assertNotEqual(policy.identity, before)
         self.assertTrue(policy.is_cacheable(conv))
 
@@ -244,13 +244,13 @@ class TestCopy(TestCase):
         clone = COPIERS[how](policy)
         self.assertIndependent(policy, clone)
 
-        clone.register_namespace(T.NS)
+        clone.register_namespace(testing.NS)
         self.assertTrue(clone.is_cacheable(conv))
         self.assertFalse(policy.is_cacheable(conv))
-        self.assertNotIn(T.NS, policy.namespaces)
+        self.assertNotIn(testing.NS, policy.namespaces)
         self.assertNotEqual(clone.identity, policy.identity)
 
-        policy.register_namespace(T.NS)
+        policy.register_namespace(testing.NS)
         self.assertEqual(clone.identity, policy.identity)
         policy.deny(conv)
         self.assertNotEqual(clone.identity, policy.identity)
@@ -259,7 +259,7 @@ class TestCopy(TestCase):
     @parametrize("how", list(COPIERS))
     def test_subclass_attributes_are_copied(self, how: str) -> None:
         """A subclass's own attributes, __slots__ included, travel with the copy."""
-        policy = SpecPolicy(["TOSA-1.0+INT"], namespaces=[T.NS])
+        policy = SpecPolicy(["TOSA-1.0+INT"], namespaces=[testing.NS])
         clone = COPIERS[how](policy)
         self.assertIndependent(policy, clone)
         self.assertEqual(clone.spec, ["TOSA-1.0+INT"])
@@ -367,7 +367,7 @@ class TestBadInput(TestCase):
 
     def test_constructor_arguments(self) -> None:
         """Each constructor argument of the wrong type names the parameter and what to pass."""
-        lib = torch.library.Library(T.NS, "FRAGMENT")
+        lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             report = self.render_errors(
                 [
@@ -538,7 +538,7 @@ P().explain(ops.higher_order.cond)
             namespaces=(ns for ns in ["quantized_decomposed"]),
             allow=(op for op in [conv]),
             deny=(op for op in [add]),
-            context_namespaces=(ns for ns in [T.NS]),
+            context_namespaces=(ns for ns in [testing.NS]),
         )
         self.assertExpectedInline(
             repr(policy),
@@ -566,7 +566,7 @@ P().explain(ops.higher_order.cond)
             (raising, RuntimeError, r"context_key\(\) raised while dispatching tcp_test.conv.default"),
             (lambda: [1], TypeError, r"returned an unhashable list while dispatching tcp_test.conv.default"),
         ):
-            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[T.NS], context_key=hook))
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[testing.NS], context_key=hook))
             with mode, self.assertRaisesRegex(error, message):
                 conv(torch.empty(1, 1, 2, 2), 1)
 
@@ -599,14 +599,39 @@ P().explain(ops.higher_order.cond)
 (Spec([]),): element [0] of the tuple is a Spec (hash() raised TypeError: unhashable type: 'list')""",
         )
 
-    def test_mode_arguments(self) -> None:
-        """FakeTensorMode validates its own keyword arguments."""
-        with self.assertRaisesRegex(TypeError, r"FakeTensorMode\(cache_policy=...\): expected a torch_cachepolicy.CachePolicy, got list"):
-            tcp.FakeTensorMode(cache_policy=["tosa"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"FakeTensorMode\(cache_store=...\): expected a torch_cachepolicy.CacheStore, got dict"):
-            tcp.FakeTensorMode(cache_store={})  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"cache_crosscheck=...\): expected a bool"):
-            tcp.FakeTensorMode(cache_crosscheck="on")  # type: ignore[arg-type]
+    @parametrize("entry", ["FakeTensorMode", "adopt", "torch_cachepolicy.export"])
+    def test_cache_arguments(self, entry: str) -> None:
+        """FakeTensorMode, adopt and export check cache_policy, cache_store and cache_crosscheck alike."""
+        module, inputs = torch.nn.ReLU(), (torch.randn(2),)
+        calls: dict[str, Callable[..., object]] = {
+            "FakeTensorMode": tcp.FakeTensorMode,
+            "adopt": functools.partial(tcp.adopt, torch.export.export(module, inputs)),
+            "torch_cachepolicy.export": functools.partial(tcp.export, module, inputs),
+        }
+        call = calls[entry]
+        messages = []
+        for kwargs in (
+            {"cache_policy": ["tosa"]},
+            {"cache_policy": tcp.CacheStore()},
+            {"cache_store": {}},
+            {"cache_store": tcp.CachePolicy()},
+            {"cache_crosscheck": "on"},
+        ):
+            with self.assertRaises(TypeError) as ctx:
+                call(**kwargs)
+            messages.append(str(ctx.exception).replace(entry, "<entry>", 1))
+        self.assertExpectedInline(
+            "\n".join(messages),
+            """\
+<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got list; build one from namespaces: CachePolicy(namespaces=[...])
+<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got torch_cachepolicy.store.CacheStore; pass a CacheStore as cache_store=...
+<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got dict
+<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got torch_cachepolicy.policy.CachePolicy; pass a CachePolicy as cache_policy=...
+<entry>(cache_crosscheck=...): expected True, False or None, got the string 'on'""",
+        )
+
+    def test_store_arguments(self) -> None:
+        """CacheStore validates its own keyword argument."""
         with self.assertRaisesRegex(TypeError, r"CacheStore\(isolated=...\): expected a bool"):
             tcp.CacheStore(isolated=1)  # type: ignore[arg-type]
 

@@ -23,7 +23,6 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-import torch_cachepolicy.mode as mode_module
 from torch_cachepolicy import synth
 from torch_cachepolicy.safety import describe, first_difference
 
@@ -247,18 +246,18 @@ class TestSynthHits(TestCase):
         with mode:
             aten.relu.default(x)
             aten.relu.default(x)
-        self.assertGreater(len(mode._plans), 0)
+        self.assertGreater(len(mode._synth), 0)
         mode.cache_clear()
-        self.assertEqual(mode._plans, {})
+        self.assertEqual(len(mode._synth), 0)
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)
     def test_plans_bounded(self) -> None:
         """Misses (whose entries torch builds and drops) cannot grow the plan memo without bound."""
         mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-        with mock.patch.object(mode_module, "_MAX_PLANS", 50), mode:
+        with mock.patch.object(synth, "_MAX_PLANS", 50), mode:
             for n in range(1, 120):
                 aten.relu.default(mode.from_tensor(_t(n)))
-        self.assertLessEqual(len(mode._plans), 50)
+        self.assertLessEqual(len(mode._synth), 50)
         self.assertEqual(mode.cache_report()[aten.relu.default].misses, 119)
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)

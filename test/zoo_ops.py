@@ -26,7 +26,6 @@ Classes (``ZooCase.kind``):
 
 from __future__ import annotations
 
-import collections
 import math
 import operator
 import warnings
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import cachepolicy_testing as testing
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._ops import OpOverload
@@ -41,11 +41,13 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicC
 
 import torch_cachepolicy as tcp
 
-NS = "tcp_zoo"
-lib = torch.library.Library(NS, "DEF")
-
 # Every zoo kernel counts its runs, so a test can tell a hit (no run) from a miss.
-calls: collections.Counter[str] = collections.Counter()
+ZOO_OPS = testing.CountedOps("tcp_zoo")
+NS = ZOO_OPS.ns
+lib = ZOO_OPS.lib
+calls = ZOO_OPS.calls
+op = ZOO_OPS.op
+zoo_op = ZOO_OPS.define
 
 # Ambient state read by fake kernels: AMBIENT is declared through CachePolicy(context_key=...), UNDECLARED is not.
 AMBIENT: dict[str, torch.dtype] = {"dtype": torch.float32}
@@ -55,30 +57,6 @@ UNDECLARED: dict[str, torch.dtype] = {"dtype": torch.float32}
 def ambient_context() -> object:
     """The context_key of the policies whose kernels read AMBIENT."""
     return AMBIENT["dtype"]
-
-
-def op(name: str) -> OpOverload:
-    return getattr(getattr(torch.ops, NS), name).default
-
-
-def _counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        calls[name] += 1
-        return fn(*args, **kwargs)
-
-    return kernel
-
-
-def zoo_op(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Defines ``tcp_zoo::<schema>`` and registers the decorated function, counted, as its fake kernel."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        name = schema.split("(", 1)[0]
-        lib.define(schema)
-        torch.library.register_fake(f"{NS}::{name}", _counted(name, fn), lib=lib)
-        return fn
-
-    return wrap
 
 
 # ------------------------------------------------------------------ cases
@@ -506,7 +484,7 @@ case("mut_unsqueeze", 4, x1, "an allowed Tensor(a!) -> Tensor(a!) op whose kerne
 
 
 def _sized(name: str, n: int) -> Callable[..., Any]:
-    return _counted(name, lambda x: x.new_empty(n))
+    return ZOO_OPS.counted(name, lambda x: x.new_empty(n))
 
 
 lib.define("swap_fake(Tensor x) -> Tensor")
@@ -643,18 +621,23 @@ def _calls_mutating(x: torch.Tensor) -> torch.Tensor:
 
 # A second backend namespace, called from tcp_zoo kernels: its read_ctx reads the context (a policy may declare
 # only this namespace as reading it), its swappable is re-registered (a policy may not cache it at all).
+# Its kernels count in the zoo's counter: the tests read the runs of either namespace's ops by name.
 CTX_NS = "tcp_zoo_ctx"
-ctx_lib = torch.library.Library(CTX_NS, "DEF")
-ctx_lib.define("read_ctx(Tensor x) -> Tensor")
-torch.library.register_fake(
-    f"{CTX_NS}::read_ctx", _counted("read_ctx", lambda x: x.new_empty(x.shape, dtype=AMBIENT["dtype"])), lib=ctx_lib
-)
+CTX_OPS = testing.CountedOps(CTX_NS, calls=calls)
+ctx_lib = CTX_OPS.lib
+
+
+@CTX_OPS.define("read_ctx(Tensor x) -> Tensor")
+def _read_ctx(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=AMBIENT["dtype"])
+
+
 ctx_lib.define("swappable(Tensor x) -> Tensor")
 
 
 def _register_ctx_swappable(n: int) -> Callable[[], None]:
     def register() -> None:
-        kernel = _counted("swappable", lambda x: x.new_empty(n))
+        kernel = CTX_OPS.counted("swappable", lambda x: x.new_empty(n))
         torch.library.register_fake(f"{CTX_NS}::swappable", kernel, lib=ctx_lib, allow_override=True)
 
     return register
@@ -1127,7 +1110,7 @@ def control_custom_op(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.new_empty(n)
 
 
-control_custom_op.register_fake(_counted("control_custom_op", lambda x, n: x.new_empty(n)))
+control_custom_op.register_fake(ZOO_OPS.counted("control_custom_op", lambda x, n: x.new_empty(n)))
 
 
 @zoo_op("same_output_twice(Tensor x) -> (Tensor, Tensor)")
@@ -1431,12 +1414,13 @@ ctx_lib.define("py_rule(Tensor x) -> Tensor")
 
 
 def _py_rule(mode: Any, x: torch.Tensor) -> torch.Tensor:
-    calls["py_rule"] += 1
     with mode:
         return x.new_empty(x.shape, dtype=AMBIENT["dtype"])
 
 
-torch.ops.tcp_zoo_ctx.py_rule.default.py_impl(torch._subclasses.fake_tensor.FakeTensorMode)(_py_rule)
+torch.ops.tcp_zoo_ctx.py_rule.default.py_impl(torch._subclasses.fake_tensor.FakeTensorMode)(
+    CTX_OPS.counted("py_rule", _py_rule)
+)
 
 
 @zoo_op("calls_py_rule(Tensor x) -> Tensor")

@@ -28,8 +28,10 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torch_cachepolicy._compat import is_fake_tensor
+from torch_cachepolicy.arguments import check_cache_arguments
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
+from torch_cachepolicy.safety import storage_id
 from torch_cachepolicy.store import CacheStore
 
 __all__ = ["adopt"]
@@ -98,8 +100,9 @@ def adopt(
         The policy mode that now owns the program's fake values.
 
     Raises:
-        TypeError: ``program``, ``cache_policy`` or ``cache_store`` has the
-            wrong type, or ``mode_kwargs`` names no ``FakeTensorMode`` argument.
+        TypeError: ``program``, ``cache_policy``, ``cache_store`` or
+            ``cache_crosscheck`` has the wrong type, or ``mode_kwargs`` names
+            no ``FakeTensorMode`` argument.
         ValueError: the program holds no FakeTensor, holds FakeTensors of
             more than one mode, or (already adopted) ``cache_store`` or
             ``mode_kwargs`` disagree with its mode.
@@ -108,16 +111,7 @@ def adopt(
             the program is left unchanged.
     """
     gm = _graph_module(program)
-    if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
-        raise TypeError(
-            f"{_API}: cache_policy must be a torch_cachepolicy.CachePolicy or None, "
-            f"got {type(cache_policy).__name__}"
-        )
-    if cache_store is not None and not isinstance(cache_store, CacheStore):
-        raise TypeError(
-            f"{_API}: cache_store must be a torch_cachepolicy.CacheStore or None, "
-            f"got {type(cache_store).__name__}"
-        )
+    check_cache_arguments("adopt", cache_policy, cache_store, mode_kwargs.get("cache_crosscheck"))
 
     unknown = sorted(set(mode_kwargs) - _MODE_KWARGS)
     if unknown:
@@ -403,7 +397,7 @@ def _check_twins(made: list[tuple[torch.Tensor, torch.Tensor, str]]) -> None:
             raise RuntimeError(f"{_API}: the re-created value of {where} differs from the original: {'; '.join(diffs)}")
         if not is_fake_tensor(old):
             continue  # a wrapper subclass: its inner tensors carry the storages
-        o, n = _storage_id(old), _storage_id(new)
+        o, n = storage_id(old), storage_id(new)
         if new_for_old.setdefault(o, n) != n or old_for_new.setdefault(n, o) != o:
             raise RuntimeError(
                 f"{_API}: the re-created value of {where} does not share storage with the "
@@ -425,6 +419,3 @@ def _int_key(v: object) -> object:
         return int(expr) if expr.is_number else expr
     return v
 
-
-def _storage_id(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata

@@ -33,6 +33,7 @@ from torch.export._trace import _is_bogus_const_name
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from torch_cachepolicy._compat import is_fake_tensor
+from torch_cachepolicy.arguments import check_cache_arguments
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
@@ -93,7 +94,8 @@ def export(
         The exported program.
 
     Raises:
-        TypeError: ``cache_policy`` or ``cache_store`` has the wrong type, or
+        TypeError: ``cache_policy``, ``cache_store`` or ``cache_crosscheck``
+            has the wrong type, or
             ``export_kwargs`` names no argument of ``torch.export.export``.
         ValueError: ``strict=True``: Dynamo creates its own FakeTensorMode.
         RuntimeError: called while a ``torch._guards.TracingContext`` is
@@ -103,14 +105,7 @@ def export(
             (as ``torch.export.export`` raises). Errors of
             ``torch.export.export`` itself propagate unchanged.
     """
-    if cache_policy is not None and not isinstance(cache_policy, CachePolicy):
-        raise TypeError(
-            f"{_API}: cache_policy must be a torch_cachepolicy.CachePolicy or None, got {type(cache_policy).__name__}"
-        )
-    if cache_store is not None and not isinstance(cache_store, CacheStore):
-        raise TypeError(
-            f"{_API}: cache_store must be a torch_cachepolicy.CacheStore or None, got {type(cache_store).__name__}"
-        )
+    check_cache_arguments("torch_cachepolicy.export", cache_policy, cache_store, cache_crosscheck)
     unknown = sorted(set(export_kwargs) - _EXPORT_KEYWORDS)
     if unknown:
         raise TypeError(

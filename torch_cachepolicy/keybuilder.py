@@ -19,8 +19,8 @@ which raises the bypass or builds the key torch builds, and counts the
 fallback by reason in a :class:`KeyStats`
 (``FakeTensorMode.cache_key_stats()``).
 
-The builder is ``torch_cachepolicy._C.KeyBuilder`` (C++, reads the
-TensorImpl). Without the extension (``USE_CPP=0``, an import error,
+The builder is ``torch_cachepolicy._C.KeyBuilder`` (``csrc/keybuilder.cpp``,
+reads the TensorImpl). Without the extension (``USE_CPP=0``, an import error,
 ``TORCH_CACHEPOLICY_FORCE_PYTHON=1``) :func:`build_python` builds the same
 tuple in Python through cheaper reads than torch's; ``test/test_keybuilder.py``
 holds both to torch's key.
@@ -38,7 +38,7 @@ from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheKey
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import native
 
 __all__ = ["PLAIN_TYPES", "KeyStats", "backend", "build_python", "cache_key", "key_prefix"]
 
@@ -90,10 +90,10 @@ class KeyStats:
 
 
 def _make_cpp_builder() -> Any:
-    ext = keyset._ext
-    if ext is None or not hasattr(ext, "KeyBuilder"):
+    key_builder = native.function("KeyBuilder")
+    if key_builder is None:
         return None
-    return ext.KeyBuilder(
+    return key_builder(
         FakeTensor,
         torch.Size,
         PLAIN_TYPES,

@@ -33,7 +33,7 @@ from torch._ops import OpOverload
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import native
 
 __all__ = ["GENERIC_SLOTS", "ArgSlots", "extend_key"]
 
@@ -110,9 +110,9 @@ class ArgSlots:
 
 GENERIC_SLOTS = ArgSlots(None)
 
-_plain_args = getattr(keyset._ext, "plain_args", None)
+# csrc/keyparts.cpp; fetched once because extend_key calls it on every hit.
+_plain_args = native.function("plain_args")
 
-_MISSING = object()
 
 
 def _values(

@@ -5,10 +5,10 @@ operator (:func:`kernel_keys`), and which kernels fake dispatch would run for it
 right now (:func:`kernel_watch`), so that cache entries can belong to the
 kernel that computed them.
 
-This module loads ``torch_cachepolicy._C`` (``keybuilder`` takes its
-``KeyBuilder`` from ``_ext`` here, so both follow the same switches). When the
-extension is missing (built with ``USE_CPP=0``, no compiler, an import error)
-or ``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` is set, the answers come from torch's
+The native half is ``csrc/keyset.cpp``, loaded by
+:mod:`torch_cachepolicy.native`. When the extension is missing (built with
+``USE_CPP=0``, no compiler, an import error) or
+``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` is set, the answers come from torch's
 Python bindings instead and a warning says why once: :func:`kernel_keys` gives
 the same answers, only slower; :func:`kernel_watch` is slower and weaker (see
 :class:`_DumpKernelWatch`).
@@ -17,14 +17,13 @@ the same answers, only slower; :func:`kernel_watch` is slower and weaker (see
 from __future__ import annotations
 
 import itertools
-import os
-import warnings
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Final, Protocol
 
 import torch
 from torch._C import DispatchKey
+
+from torch_cachepolicy import native
 
 __all__ = [
     "FAKE_KERNEL_KEYS",
@@ -77,42 +76,16 @@ MISSING: Final = -1
 NO_KERNEL: Final = 0
 """Fingerprint of an operator with a schema but no kernel under :data:`FAKE_KERNEL_KEYS`."""
 
-_FORCE_ENV = "TORCH_CACHEPOLICY_FORCE_PYTHON"
-
-
-def _load_extension() -> tuple[ModuleType | None, str]:
-    if os.environ.get(_FORCE_ENV, "") not in ("", "0"):
-        return None, f"{_FORCE_ENV} is set"
-    try:
-        from torch_cachepolicy import _C  # type: ignore[attr-defined]
-    except ImportError as e:
-        return None, f"torch_cachepolicy._C could not be imported ({e})"
-    return _C, ""
-
-
-_ext, _fallback_reason = _load_extension()
-_warned = False
-
-
 def backend() -> str:
     """Returns ``"cpp"`` when the C++ helper answers, ``"python"`` otherwise."""
-    return "python" if _ext is None else "cpp"
+    return native.backend()
 
 
-def _warn_fallback_once() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            "torch_cachepolicy.keyset: using the pure-Python dispatcher checks "
-            f"because {_fallback_reason}. kernel_keys answers are the same, only "
-            "slower; kernel_watch fingerprints cost microseconds, not a fraction of "
-            "one, and miss a kernel re-registered from the same source line after "
-            "its Library was destroyed (they compare registration debug strings, "
-            "not kernels). "
-            "Rebuild with `pip install --no-build-isolation -e .` to get the C++ helper.",
-            stacklevel=3,
-        )
+_FALLBACK_CONSEQUENCES = (
+    "keyset.kernel_keys answers are the same, only slower; kernel_watch fingerprints cost "
+    "microseconds, not a fraction of one, and miss a kernel re-registered from the same source "
+    "line after its Library was destroyed (they compare registration debug strings, not kernels)."
+)
 
 
 def _qualified_name(op: object) -> str:
@@ -168,12 +141,13 @@ def kernel_keys_many(names: Sequence[str]) -> list[frozenset[DispatchKey]]:
             "'ns::name.overload' strings"
         )
     try:
-        if _ext is not None:
+        ext = native.extension()
+        if ext is not None:
             # ``.value`` rather than ``int(k)``: torch's stub types DispatchKey
             # as a plain Enum, so mypy rejects int() though pybind allows it.
-            masks = _ext.kernel_masks(list(names), [k.value for k in KEYS])
+            masks = ext.kernel_masks(list(names), [k.value for k in KEYS])
         else:
-            _warn_fallback_once()
+            native.warn_fallback_once(_FALLBACK_CONSEQUENCES)
             masks = [_python_mask(n) for n in names]
     except RuntimeError as e:
         raise ValueError(f"torch_cachepolicy.keyset: {e}") from None
@@ -233,10 +207,11 @@ def kernel_watch(op: torch._ops.OpOverload | str) -> KernelWatch:
         TypeError: ``op`` is neither an ``OpOverload`` nor a string.
     """
     name = _qualified_name(op)
-    if _ext is not None:
-        watch: KernelWatch = _ext.KernelWatch(name, [k.value for k in FAKE_KERNEL_KEYS])
+    ext = native.extension()
+    if ext is not None:
+        watch: KernelWatch = ext.KernelWatch(name, [k.value for k in FAKE_KERNEL_KEYS])
         return watch
-    _warn_fallback_once()
+    native.warn_fallback_once(_FALLBACK_CONSEQUENCES)
     return _DumpKernelWatch(name)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
-import re
 import sys
 import threading
 import types
@@ -15,18 +14,36 @@ from typing import Any, SupportsIndex, TypeVar, Union
 
 import torch
 import torch._decomp
-from torch._library.custom_ops import CustomOpDef
 from torch._ops import OpOverload, OpOverloadPacket
 
 from torch_cachepolicy import keyset
+from torch_cachepolicy.opnames import (
+    ANY_OPS,
+    HOP_HINT,
+    SINGLE_OPS,
+    describe_value,
+    namespace_of,
+    namespace_op_fix,
+    op_rule,
+    overload_name,
+    parse_namespace,
+    require_overload,
+    source_name,
+    type_name,
+)
 
-__all__ = ["BUILTIN_NAMESPACES", "CacheDecision", "CachePolicy", "OpLike", "unhashable_part"]
+__all__ = ["BUILTIN_NAMESPACES", "CacheDecision", "CachePolicy", "OpLike", "decide_memoized", "unhashable_part"]
 
 BUILTIN_NAMESPACES: frozenset[str] = frozenset({"aten", "prim", "prims"})
 """The namespaces stock ``FakeTensorMode`` caches (``torch._library.utils.is_builtin``)."""
 
 OpLike = Union[OpOverload, OpOverloadPacket, str, "torch._library.custom_ops.CustomOpDef"]
 _T = TypeVar("_T")
+
+# Attributes that a copy makes afresh (Note [Copying a policy]).
+_NOT_COPIED = frozenset({"_lock", "_identity", "_decisions"})
+_RULE_SETS = ("_namespaces", "_allowed", "_denied")
+_HOOKS = ("_predicate", "_context_hook")
 
 # Kernels that run on meta tensors, so a fake dispatch can use them.
 _FAKE_CAPABLE_KEYS = frozenset(
@@ -37,8 +54,6 @@ _FAKE_CAPABLE_KEYS = frozenset(
         torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
     }
 )
-
-_NAMESPACE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -61,163 +76,22 @@ class CacheDecision:
     explicit: bool = False
 
 
-def _resolve_op_string(api: str, name: str) -> tuple[str, str | None]:
-    """Parses ``"ns::name"`` or ``"ns::name.overload"``; the op must exist."""
-    ns, sep, rest = name.partition("::")
-    if not sep or not _NAMESPACE_RE.match(ns) or not rest:
-        raise ValueError(
-            f"{api}: {name!r} is not an operator name; pass 'ns::name' or "
-            "'ns::name.overload', e.g. 'quantized_decomposed::quantize_per_tensor.default'"
-        )
-    opname, _, overload = rest.partition(".")
-    try:
-        packet = getattr(getattr(torch.ops, ns), opname)
-    except (AttributeError, RuntimeError):
-        packet = None
-    if not isinstance(packet, OpOverloadPacket):
-        raise ValueError(
-            f"{api}: no operator {ns}::{opname} is registered; define it (or import the "
-            "module that defines it) before naming it in a policy"
-        )
-    if overload:
-        if overload not in packet.overloads():
-            raise ValueError(
-                f"{api}: {ns}::{opname} has no overload {overload!r}; "
-                f"it has {sorted(packet.overloads())}"
-            )
-        return f"{ns}::{opname}", overload
-    return f"{ns}::{opname}", None
 
 
-def _op_rule(api: str, op: object, namespace_fix: str, many_fix: str | None = None) -> str:
-    """Normalizes an op-like to a rule string: ``"ns::name"`` (every overload)
-    or ``"ns::name.overload"``.
-
-    ``namespace_fix`` is the advice (a format string of ``ns``) for a
-    namespace given where an operator belongs; ``many_fix`` the advice for a
-    list given to an API that takes one operator.
-    """
-    if isinstance(op, OpOverload):
-        return _overload_rule(op)
-    if isinstance(op, OpOverloadPacket):
-        return op._qualified_op_name
-    if isinstance(op, str):
-        packet, overload = _resolve_op_string(api, op)
-        return packet if overload is None else f"{packet}.{overload}"
-    if isinstance(op, CustomOpDef):
-        return _overload_rule(op._opoverload)
-    ns = _namespace_name(op)
-    if isinstance(op, torch._ops.HigherOrderOperator):
-        hint = f"; {_HOP_HINT}"
-    elif ns is not None:
-        hint = "; " + namespace_fix.format(ns=repr(ns))
-    elif many_fix is not None and isinstance(op, Iterable) and not isinstance(op, bytes):
-        hint = f"; {many_fix}"
-    else:
-        hint = ""
-    raise TypeError(
-        f"{api}: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string "
-        f"or torch.library.custom_op, got {_describe(op)}{hint}"
-    )
 
 
-def _overload_rule(op: OpOverload) -> str:
-    return f"{op._schema.name}.{op._overloadname}"
 
 
-def _check_namespace(api: str, ns: object, param: str) -> str:
-    """Validates one namespace (a string or a ``Library``) and returns its name.
-
-    ``param`` is where it was given (``"namespaces"``, ``"context_namespaces"``
-    or ``"register_namespace"``), which decides the advice for an operator or
-    a list given instead.
-    """
-    if isinstance(ns, torch.library.Library):
-        ns = ns.ns
-    if not isinstance(ns, str):
-        if isinstance(ns, torch._ops._OpNamespace):
-            hint = f"; pass its name: {ns.name!r}"
-        elif isinstance(ns, _ANY_OPS):
-            hint = f"; {_namespace_op_fix(param, ns)}"
-        elif param == "register_namespace" and isinstance(ns, Iterable) and not isinstance(ns, bytes):
-            hint = "; call register_namespace once per namespace"
-        else:
-            hint = ""
-        raise TypeError(
-            f"{api}: expected a namespace string or a torch.library.Library, got {_describe(ns)}{hint}"
-        )
-    if not _NAMESPACE_RE.match(ns):
-        fix = ns.split("::")[0].strip() if "::" in ns else ""
-        hint = f"; pass {fix!r}" if fix and _NAMESPACE_RE.match(fix) else ""
-        raise ValueError(f"{api}: {ns!r} is not a namespace{hint}")
-    return ns
 
 
-def _check_overload(api: str, op: object) -> OpOverload:
-    """``op`` if it is an OpOverload; otherwise a TypeError that says which overload to pass."""
-    if isinstance(op, OpOverload):
-        return op
-    if isinstance(op, OpOverloadPacket):
-        overloads = op.overloads()
-        hint = f"; pick one of its overloads, e.g. {_source(op)}.{overloads[0]}" if overloads else ""
-    elif isinstance(op, CustomOpDef):
-        hint = f"; pass its overload, {_source(op)}"
-    elif isinstance(op, torch._ops.HigherOrderOperator):
-        hint = f"; {_HOP_HINT}"
-    else:
-        hint = ""
-    raise TypeError(
-        f"{api}: expected an OpOverload (torch.ops.ns.name.overload), got {_describe(op)}{hint}"
-    )
 
 
-_HOP_HINT = "higher-order operators are cached by torch's own rules, not by a policy"
-# The operator objects a policy takes one at a time; with HOPs, every
-# operator someone may pass where something else belongs.
-_SINGLE_OPS = (OpOverload, OpOverloadPacket, CustomOpDef)
-_ANY_OPS = (OpOverload, OpOverloadPacket, CustomOpDef, torch._ops.HigherOrderOperator)
 
 
-def _namespace_name(value: object) -> str | None:
-    """The name of a namespace object (a ``Library`` or ``torch.ops.<ns>``), else None."""
-    if isinstance(value, torch.library.Library):
-        return value.ns
-    if isinstance(value, torch._ops._OpNamespace):
-        return value.name
-    return None
 
 
-def _source(op: OpOverload | OpOverloadPacket | CustomOpDef) -> str:
-    """How to spell ``op`` in Python: ``torch.ops.aten.relu.default``."""
-    if isinstance(op, CustomOpDef):
-        op = op._opoverload
-    if isinstance(op, OpOverload):
-        ns, _, name = op._schema.name.partition("::")
-        return f"torch.ops.{ns}.{name}.{op._overloadname}"
-    ns, _, name = op._qualified_op_name.partition("::")
-    return f"torch.ops.{ns}.{name}"
 
 
-def _describe(value: object) -> str:
-    """Names a wrong argument in an error message: ``None``, ``the string
-    'tosa'``, ``the OpOverload aten::relu.default``, else its type (``int``)."""
-    if value is None or isinstance(value, bool):
-        return repr(value)
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, OpOverload):
-        return f"the OpOverload {_overload_rule(value)}"
-    if isinstance(value, OpOverloadPacket):
-        return f"the OpOverloadPacket {value._qualified_op_name}"
-    if isinstance(value, CustomOpDef):
-        return f"the custom_op {value._qualname}"
-    if isinstance(value, torch._ops.HigherOrderOperator):
-        return f"the higher-order operator {value.name()}"
-    if isinstance(value, torch._ops._OpNamespace):
-        return f"the operator namespace torch.ops.{value.name}"
-    if isinstance(value, torch.library.Library):
-        return f"the torch.library.Library of {value.ns!r}"
-    return _type_name(value)
 
 
 def _as_list(api: str, value: object, what: str, fix: str | None) -> list[Any]:
@@ -229,9 +103,9 @@ def _as_list(api: str, value: object, what: str, fix: str | None) -> list[Any]:
     reason, so the caller names the fix instead.
     """
     if fix is not None:
-        raise TypeError(f"{api}: expected {what}, got {_describe(value)}; {fix}")
+        raise TypeError(f"{api}: expected {what}, got {describe_value(value)}; {fix}")
     if isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
-        raise TypeError(f"{api}: expected {what}, got {_describe(value)}")
+        raise TypeError(f"{api}: expected {what}, got {describe_value(value)}")
     return list(value)
 
 
@@ -243,27 +117,13 @@ def _namespace_list(param: str, value: object) -> list[Any]:
         fix = f"pass {param}=[] or leave it out"
     elif isinstance(value, str):
         fix = f"wrap it: {param}=[{value!r}]"
-    elif (ns := _namespace_name(value)) is not None:
+    elif (ns := namespace_of(value)) is not None:
         fix = f"wrap it: {param}=[{ns!r}]"
-    elif isinstance(value, _ANY_OPS):
-        fix = _namespace_op_fix(param, value)
+    elif isinstance(value, ANY_OPS):
+        fix = namespace_op_fix(param, value)
     return _as_list(api, value, "a list of namespaces", fix)
 
 
-def _namespace_op_fix(
-    param: str, op: OpOverload | OpOverloadPacket | CustomOpDef | torch._ops.HigherOrderOperator
-) -> str:
-    """The advice for an operator given where a namespace belongs."""
-    if isinstance(op, torch._ops.HigherOrderOperator):
-        return _HOP_HINT
-    if param == "namespaces":
-        return f"to cache single operators pass allow=[{_source(op)}]"
-    if param == "register_namespace":
-        return f"to cache one operator use register_op({_source(op)})"
-    if isinstance(op, CustomOpDef):
-        op = op._opoverload
-    ns = op.namespace if isinstance(op, OpOverload) else op._qualified_op_name.partition("::")[0]
-    return f"pass its namespace: {param}=[{ns!r}]"
 
 
 _ALLOW_NAMESPACE_FIX = "to cache every operator of {ns} pass namespaces=[{ns}]"
@@ -281,11 +141,11 @@ def _op_list(param: str, value: object, namespace_fix: str) -> list[Any]:
         fix = f"pass {param}=[] or leave it out"
     elif isinstance(value, str):
         fix = f"wrap it: {param}=[{value!r}]"
-    elif isinstance(value, _SINGLE_OPS):
-        fix = f"wrap it: {param}=[{_source(value)}]"
+    elif isinstance(value, SINGLE_OPS):
+        fix = f"wrap it: {param}=[{source_name(value)}]"
     elif isinstance(value, torch._ops.HigherOrderOperator):
-        fix = _HOP_HINT
-    elif (ns := _namespace_name(value)) is not None:
+        fix = HOP_HINT
+    elif (ns := namespace_of(value)) is not None:
         fix = namespace_fix.format(ns=repr(ns))
     return _as_list(api, value, "a list of operators", fix)
 
@@ -296,12 +156,12 @@ def _callable_hook(param: str, value: object, signature: str) -> Any:
         return None
     # Operators are callable, but calling one with an op (or with nothing)
     # fails only at the first dispatch, far from the mistake.
-    if isinstance(value, _ANY_OPS) or not callable(value):
+    if isinstance(value, ANY_OPS) or not callable(value):
         hint = ""
-        if param == "predicate" and isinstance(value, _SINGLE_OPS):
-            hint = f"; to cache single operators pass allow=[{_source(value)}]"
+        if param == "predicate" and isinstance(value, SINGLE_OPS):
+            hint = f"; to cache single operators pass allow=[{source_name(value)}]"
         raise TypeError(
-            f"CachePolicy({param}=...): expected a function {signature} or None, got {_describe(value)}{hint}"
+            f"CachePolicy({param}=...): expected a function {signature} or None, got {describe_value(value)}{hint}"
         )
     return value
 
@@ -362,7 +222,7 @@ class CachePolicy:
         # anything is stored, so a bad argument leaves no half-built policy.
         if not isinstance(include_builtins, bool):
             raise TypeError(
-                f"CachePolicy(include_builtins=...): expected True or False, got {_describe(include_builtins)}"
+                f"CachePolicy(include_builtins=...): expected True or False, got {describe_value(include_builtins)}"
             )
         namespace_items = _namespace_list("namespaces", namespaces)
         allow_items = _op_list("allow", allow, _ALLOW_NAMESPACE_FIX)
@@ -375,15 +235,15 @@ class CachePolicy:
         self._lock = threading.RLock()
         self._include_builtins = include_builtins
         self._namespaces: set[str] = {
-            _check_namespace(f"CachePolicy(namespaces=...): element [{i}]", ns, "namespaces")
+            parse_namespace(f"CachePolicy(namespaces=...): element [{i}]", ns, "namespaces")
             for i, ns in enumerate(namespace_items)
         }
         self._allowed: set[str] = {
-            _op_rule(f"CachePolicy(allow=...): element [{i}]", op, _ALLOW_NAMESPACE_FIX)
+            op_rule(f"CachePolicy(allow=...): element [{i}]", op, _ALLOW_NAMESPACE_FIX)
             for i, op in enumerate(allow_items)
         }
         self._denied: set[str] = {
-            _op_rule(f"CachePolicy(deny=...): element [{i}]", op, _DENY_NAMESPACE_FIX)
+            op_rule(f"CachePolicy(deny=...): element [{i}]", op, _DENY_NAMESPACE_FIX)
             for i, op in enumerate(deny_items)
         }
         self._predicate = predicate
@@ -392,7 +252,7 @@ class CachePolicy:
             None
             if context_items is None
             else frozenset(
-                _check_namespace(f"CachePolicy(context_namespaces=...): element [{i}]", ns, "context_namespaces")
+                parse_namespace(f"CachePolicy(context_namespaces=...): element [{i}]", ns, "context_namespaces")
                 for i, ns in enumerate(context_items)
             )
         )
@@ -415,7 +275,7 @@ class CachePolicy:
         registered when this is called and a decorated object is returned
         unchanged.
         """
-        ns = _check_namespace("CachePolicy.register_namespace(...)", ns, "register_namespace")
+        ns = parse_namespace("CachePolicy.register_namespace(...)", ns, "register_namespace")
         with self._lock:
             self._namespaces.add(ns)
             self._rebuild()
@@ -427,7 +287,7 @@ class CachePolicy:
         Allowing an op by name is also how an op that mutates its arguments
         opts in to caching. Works as a plain call and as a decorator.
         """
-        rule = _op_rule(
+        rule = op_rule(
             "CachePolicy.register_op(...)",
             op,
             "to cache every operator of {ns} use register_namespace({ns})",
@@ -440,7 +300,7 @@ class CachePolicy:
 
     def deny(self, op: OpLike) -> _Registrar:
         """Never caches ``op``; beats every other rule. Works as a decorator too."""
-        rule = _op_rule("CachePolicy.deny(...)", op, _DENY_NAMESPACE_FIX, "call deny once per operator")
+        rule = op_rule("CachePolicy.deny(...)", op, _DENY_NAMESPACE_FIX, "call deny once per operator")
         with self._lock:
             self._denied.add(rule)
             self._rebuild()
@@ -522,7 +382,7 @@ class CachePolicy:
         verdict = "cacheable" if decision.cacheable else "not cacheable"
         keys = sorted(k.name for k in keyset.kernel_keys(op))
         lines = [
-            f"{_overload_rule(op)}: {verdict}: {decision.reason}",
+            f"{overload_name(op)}: {verdict}: {decision.reason}",
             f"  kernels registered for: {', '.join(keys) if keys else '(none)'}",
         ]
         if op.namespace not in BUILTIN_NAMESPACES and decision.cacheable:
@@ -537,7 +397,7 @@ class CachePolicy:
         # Checked before the memo lookup: an unhashable argument would fail
         # there with a bare "unhashable type". The mode calls this only when
         # it has no route for an op yet, so the check is off its hit path.
-        op = _check_overload(api, op)
+        op = require_overload(api, op)
         # Capture the memo first: if a rule changes while we decide, our
         # (old-rules) decision lands in the old memo, never in the new one.
         memo = self._decisions
@@ -549,7 +409,7 @@ class CachePolicy:
         return decision
 
     def _decide_uncached(self, op: OpOverload) -> tuple[CacheDecision, bool]:
-        overload = _overload_rule(op)
+        overload = overload_name(op)
         packet = op._schema.name
         ns = op.namespace
         builtin = ns in BUILTIN_NAMESPACES
@@ -601,7 +461,7 @@ class CachePolicy:
         if not isinstance(result, bool):
             raise TypeError(
                 f"CachePolicy: the predicate {self._predicate!r} returned "
-                f"{_type_name(result)} for {op}; it must return a Python bool"
+                f"{type_name(result)} for {op}; it must return a Python bool"
             )
         return result
 
@@ -696,20 +556,11 @@ class CachePolicy:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-def _type_name(obj: object) -> str:
-    """``int``, but ``numpy.bool`` for types outside the builtins."""
-    cls = type(obj)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _which(overload: str, packet: str, rules: set[str]) -> str:
     return overload if overload in rules else packet
 
-
-# Attributes that a copy makes afresh (Note [Copying a policy]).
-_NOT_COPIED = frozenset({"_lock", "_identity", "_decisions"})
-_RULE_SETS = ("_namespaces", "_allowed", "_denied")
-_HOOKS = ("_predicate", "_context_hook")
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -794,7 +645,7 @@ def unhashable_part(value: object) -> str | None:
     what = _unhashable_what(culprit)
     if not path:
         return f"the value is {what}"
-    return f"element {''.join(path)} of the {_type_name(value)} is {what}"
+    return f"element {''.join(path)} of the {type_name(value)} is {what}"
 
 
 def _hash_error(value: object) -> Exception | None:
@@ -813,3 +664,15 @@ def _unhashable_what(value: object) -> str:
     if type(value).__hash__ is None or error is None:
         return f"{article} {name}"
     return f"{article} {name} (hash() raised {type(error).__name__}: {error})"
+
+
+def decide_memoized(policy: CachePolicy, op: OpOverload) -> tuple[CacheDecision, bool]:
+    """``policy.decide(op)``, and whether the policy memoized that decision.
+
+    A mode memoizes what it derives from a decision (its route for ``op``)
+    only when the policy did: an unmemoized decision ("no fake kernel") may
+    change without a rule change. A rule change racing this call gives
+    False, which only costs a recomputation.
+    """
+    decision = policy.decide(op)
+    return decision, op in policy._decisions

@@ -1,6 +1,7 @@
 """The checks that keep a cache hit equal to an uncached dispatch.
 
-Everything here runs on a miss (or in the crosscheck), never on a hit.
+Everything here runs on a miss or in the crosscheck (:func:`crosscheck`),
+never on a plain hit.
 
 Note [Verify every entry on the miss that creates it]
 torch's entry format can rebuild an output only in three shapes: the input
@@ -26,23 +27,34 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
+from torch._subclasses import fake_tensor as _ft
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import _BypassDispatchCache
+from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 
 from torch_cachepolicy._compat import is_fake_tensor
 
 __all__ = [
+    "ALIAS_NOT_REPRODUCED",
+    "CrosscheckError",
     "InputSnapshot",
     "check_backend_op",
     "check_backend_output",
+    "crosscheck",
     "describe",
     "first_difference",
+    "storage_id",
+    "verify_entry",
 ]
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
+ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
+"""The bypass reason of an entry whose hit would lose or invent aliasing."""
 
-def _storage_id(t: torch.Tensor) -> int:
+
+def storage_id(t: torch.Tensor) -> int:
+    """An int naming ``t``'s storage: equal for tensors sharing one."""
     return t.untyped_storage()._cdata
 
 
@@ -145,7 +157,7 @@ def describe(
     A namedtuple counts as a plain tuple (stock hits return plain tuples).
     """
     inputs = _input_tensors(args, kwargs)
-    input_storages = [_storage_id(t) for t in inputs]
+    input_storages = [storage_id(t) for t in inputs]
     leaves = pytree.tree_leaves(_plain(output))
     out: list[tuple[str, object]] = [("structure", pytree.tree_structure(_plain(output)))]
     seen_storages: list[int] = []
@@ -154,7 +166,7 @@ def describe(
         if isinstance(leaf, torch.Tensor):
             # Aliasing first: when a hit loses it, the metadata that differs
             # too (storage size, offset) is a consequence, not the cause.
-            sid = _storage_id(leaf)
+            sid = storage_id(leaf)
             out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
             out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
             out.append(
@@ -215,12 +227,12 @@ class InputSnapshot:
 
     @staticmethod
     def _state(t: torch.Tensor) -> tuple[int, tuple[tuple[str, object], ...]]:
-        return (_storage_id(t), _tensor_fields(t))
+        return (storage_id(t), _tensor_fields(t))
 
     def changed(self) -> str | None:
         """Which input field changed since the snapshot (``"shape"``), or None."""
         for t, (storage, fields) in zip(self._tensors, self._before, strict=True):
-            if _storage_id(t) != storage:
+            if storage_id(t) != storage:
                 return "storage"
             for (name, before), (_, after) in zip(fields, _tensor_fields(t), strict=True):
                 if _differs(after, before):
@@ -262,12 +274,12 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
     # Named reasons for the two aliasing mistakes a backend kernel makes most;
     # the entry verification catches every other kind.
     returns = func._schema.returns
-    input_storages = {_storage_id(a) for a in pytree.tree_leaves(args) if is_fake_tensor(a)}
+    input_storages = {storage_id(a) for a in pytree.tree_leaves(args) if is_fake_tensor(a)}
     output_storages: set[int] = set()
     for i, out in enumerate(outputs):
         if not is_fake_tensor(out):
             continue
-        sid = _storage_id(out)
+        sid = storage_id(out)
         if sid in output_storages:
             raise _BypassDispatchCache("outputs alias each other")
         output_storages.add(sid)
@@ -307,4 +319,64 @@ def verify_entry(
         raise _BypassDispatchCache(f"a hit would differ in {field}")
 
 
-ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
+
+# ------------------------------------------------------------- crosscheck
+
+
+class CrosscheckError(RuntimeError):
+    """A cache hit differed from an uncached dispatch of the same call."""
+
+
+def crosscheck(
+    mode: Any,
+    output: object,
+    func: Any,
+    types: Sequence[type],
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> None:
+    """Re-runs a hit's call uncached on ``mode`` and compares it with ``output``.
+
+    Compares what the miss-time verification compares (:func:`describe`, so
+    aliasing and symbols too), torch's own ``assert_metadata_eq`` on each
+    tensor pair, and the inputs after the rerun against a snapshot taken
+    before it (a kernel that changes them was skipped by the hit).
+
+    Raises:
+        CrosscheckError: the two differ, or the uncached dispatch raised.
+    """
+    # Describe the hit before the rerun, which may change the inputs.
+    hit = describe(output, args, kwargs)
+    snapshot = InputSnapshot(args, kwargs)
+    with _ft.disable_fake_tensor_cache(mode):
+        try:
+            expected = mode._dispatch_impl(func, types, args, kwargs)
+        except Exception as e:
+            raise CrosscheckError(
+                f"FakeTensorMode cache crosscheck: {func} raised when dispatched uncached after a hit: {e!r}"
+            ) from e
+    changed = snapshot.changed()
+    if changed is not None:
+        raise CrosscheckError(
+            f"FakeTensorMode cache crosscheck: an uncached dispatch of {func} changed "
+            f"an input's {changed}; the cache hit did not"
+        )
+    diff = first_difference(hit, describe(expected, args, kwargs))
+    if diff is None:
+        try:
+            _assert_same_tensors(expected, output)
+        except AssertionError as e:
+            diff = str(e)
+    if diff is not None:
+        raise CrosscheckError(
+            f"FakeTensorMode cache crosscheck: the cached output of {func} differs "
+            f"from an uncached dispatch in {diff}"
+        )
+
+
+def _assert_same_tensors(expected: object, actual: object) -> None:
+    # torch's own metadata comparison (bases of views, leafness, grads), on
+    # top of describe(), as stock's crosscheck does.
+    for e, a in zip(pytree.tree_leaves(_plain(expected)), pytree.tree_leaves(_plain(actual)), strict=False):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
+            assert_metadata_eq(assert_eq, e, a)

@@ -7,21 +7,24 @@ import weakref
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING
 
+import torch
+import torch.fx
+
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import _DispatchCacheEntry, _DispatchCacheKey
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-__all__ = ["CacheStore"]
+__all__ = ["CacheStore", "Partition", "Table", "evict_when_collected", "id_hashed_owner", "partition"]
 
 
-class _Table(dict["_DispatchCacheKey", "_DispatchCacheEntry"]):
+class Table(dict["_DispatchCacheKey", "_DispatchCacheEntry"]):
     """One dict of entries; weak-referenceable so a GraphModule's finalizer can
     evict its keys without keeping the table (or the store) alive."""
 
     __slots__ = ("__weakref__",)
 
 
-def _evict(table_ref: weakref.ref[_Table], key: _DispatchCacheKey) -> None:
+def _evict(table_ref: weakref.ref[Table], key: _DispatchCacheKey) -> None:
     table = table_ref()
     if table is not None:
         table.pop(key, None)
@@ -32,7 +35,7 @@ def _evict(table_ref: weakref.ref[_Table], key: _DispatchCacheKey) -> None:
 _SHAPE_ENV_ATTR = "_torch_cachepolicy_tables"
 
 
-class _Partition:
+class Partition:
     """The entries made under one policy identity.
 
     Note [Sub-tables]
@@ -57,22 +60,22 @@ class _Partition:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.tables: dict[Hashable, _Table] = {}
+        self.tables: dict[Hashable, Table] = {}
         self._shape_envs: weakref.WeakSet[ShapeEnv] = weakref.WeakSet()
 
-    def table(self, sub: Hashable, shape_env: ShapeEnv | None) -> _Table:
+    def table(self, sub: Hashable, shape_env: ShapeEnv | None) -> Table:
         if shape_env is None:
             table = self.tables.get(sub)
             if table is None:
-                table = self.tables.setdefault(sub, _Table())
+                table = self.tables.setdefault(sub, Table())
             return table
         per_env = self._env_tables(shape_env)
         table = per_env.get(sub)
         if table is None:
-            table = per_env.setdefault(sub, _Table())
+            table = per_env.setdefault(sub, Table())
         return table
 
-    def _env_tables(self, shape_env: ShapeEnv, create: bool = True) -> dict[Hashable, _Table]:
+    def _env_tables(self, shape_env: ShapeEnv, create: bool = True) -> dict[Hashable, Table]:
         by_partition = shape_env.__dict__.get(_SHAPE_ENV_ATTR)
         per_env = None if by_partition is None else by_partition.get(self)
         if per_env is None and create:
@@ -82,7 +85,7 @@ class _Partition:
                 self._shape_envs.add(shape_env)
         return per_env if per_env is not None else {}
 
-    def all_tables(self) -> Iterator[_Table]:
+    def all_tables(self) -> Iterator[Table]:
         yield from list(self.tables.values())
         for shape_env in list(self._shape_envs):
             yield from list(self._env_tables(shape_env, create=False).values())
@@ -114,19 +117,12 @@ class CacheStore:
             raise TypeError("CacheStore(isolated=...): expected a bool")
         self._isolated = isolated
         self._lock = threading.Lock()
-        self._partitions: dict[Hashable, _Partition] = {}
+        self._partitions: dict[Hashable, Partition] = {}
 
     @property
     def isolated(self) -> bool:
         """Whether entries of builtin ops stay private too."""
         return self._isolated
-
-    def _partition(self, identity: Hashable) -> _Partition:
-        part = self._partitions.get(identity)
-        if part is None:
-            with self._lock:
-                part = self._partitions.setdefault(identity, _Partition())
-        return part
 
     def clear(self) -> None:
         """Drops every entry of every partition.
@@ -150,6 +146,29 @@ class CacheStore:
         )
 
 
-def evict_when_collected(owner: object, table: _Table, key: _DispatchCacheKey) -> None:
+def partition(store: CacheStore, identity: Hashable) -> Partition:
+    """The partition of ``store`` for a policy identity (``CachePolicy.identity``), created when missing."""
+    part = store._partitions.get(identity)
+    if part is None:
+        with store._lock:
+            part = store._partitions.setdefault(identity, Partition())
+    return part
+
+
+def evict_when_collected(owner: object, table: Table, key: _DispatchCacheKey) -> None:
     """Drops ``key`` from ``table`` once ``owner`` (a GraphModule) is collected."""
     weakref.finalize(owner, _evict, weakref.ref(table), key)
+
+
+def id_hashed_owner(leaf: object) -> object | None:
+    """The object whose id torch put in a key for ``leaf`` (see FakeTensorMode._prep_args_for_hash), or None."""
+    from torch._higher_order_ops.auto_functionalize import FunctionalCallableWithEpilogue
+    from torch._higher_order_ops.utils import SubgraphCallableWrapper
+
+    if isinstance(leaf, torch.fx.GraphModule):
+        return leaf
+    if isinstance(leaf, SubgraphCallableWrapper):
+        return leaf.subgraph
+    if isinstance(leaf, FunctionalCallableWithEpilogue):
+        return leaf.orig_callable
+    return None

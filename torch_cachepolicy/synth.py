@@ -22,6 +22,9 @@ hits and verification). Entries a stock mode wrote to torch's shared storage
 were never verified by us, so the first plain hits of each process are also
 compared with torch's own synthesis (:func:`checked_build`); a difference
 turns this module off for the process, with a warning.
+
+A mode asks one :class:`Synthesizer` for every output it rebuilds from an
+entry (Note [One synthesis for hits and their verification]).
 """
 
 from __future__ import annotations
@@ -32,11 +35,18 @@ from typing import Any, TypeAlias
 
 import torch
 from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheEntryOutputInfo, _DispatchCacheValidEntry
+from torch._subclasses import fake_tensor as _ft
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    _DispatchCacheEntryOutputInfo,
+    _DispatchCacheKey,
+    _DispatchCacheValidEntry,
+)
 
-from torch_cachepolicy import keyset
+from torch_cachepolicy import native
 
-__all__ = ["TORCH_PATH", "Plan", "available", "build", "checked_build", "output_plan"]
+__all__ = ["TORCH_PATH", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
 
 # How build() makes one output, by its first element:
 #   (_NEW, shape, stride, dtype, device, requires_grad): a fresh tensor;
@@ -50,8 +60,9 @@ Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 
 _NEW, _VIEW, _INPLACE, _CONSTANT = range(4)
 
-_meta_empty_strided = getattr(keyset._ext, "meta_empty_strided", None)
-_meta_view_of = getattr(keyset._ext, "meta_view_of", None)
+# csrc/synth.cpp; fetched once because every plain hit calls them.
+_meta_empty_strided = native.function("meta_empty_strided")
+_meta_view_of = native.function("meta_view_of")
 
 _CONSTANT_TYPES = (int, bool, type(None))
 
@@ -183,3 +194,69 @@ def checked_build(
         stacklevel=2,
     )
     return theirs
+
+
+# Output plans a synthesizer keeps (see Synthesizer.output).
+_MAX_PLANS = 4096
+
+_torch_output = _ft.FakeTensorMode._output_from_cache_entry
+
+
+class Synthesizer:
+    """Builds a mode's outputs from cache entries; one per mode.
+
+    Note [One synthesis for hits and their verification]
+    Hits of plain entries are built by :func:`build` (no dispatch, torch's
+    FakeTensor constructor), everything else by torch's
+    ``_output_from_cache_entry``. The mode's ``_output_from_cache_entry``
+    calls :meth:`output`, and so do the miss-time verification and the
+    crosscheck, so every entry is checked, on the miss that creates it,
+    against the very function its hits use.
+    """
+
+    __slots__ = ("_plans",)
+
+    def __init__(self) -> None:
+        # id(entry) -> (entry, plan). The entry is held so that its id cannot
+        # name another entry while mapped.
+        self._plans: dict[int, tuple[object, Plan | None]] = {}
+
+    def output(
+        self,
+        mode: Any,
+        state: _CacheKeyState,
+        entry: _DispatchCacheValidEntry,
+        key: _DispatchCacheKey,
+        func: Any,
+        args: Sequence[object],
+    ) -> Any:
+        """The output of a hit on ``entry`` for this call, made for ``mode``."""
+        if _meta_empty_strided is None:
+            return _torch_output(mode, state, entry, key, func, args)
+        planned = self._plans.get(id(entry))
+        if planned is None or planned[0] is not entry:
+            # Bounded: torch also calls this on entries it builds and drops
+            # on every miss (to check each output), and torch's storage may
+            # drop entries we still hold. Plans are cheap to rebuild.
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans = {}
+            planned = self._plans[id(entry)] = (entry, output_plan(entry, func))
+        plan = planned[1]
+        if plan is not None:
+            if _canary.remaining > 0:
+                output = checked_build(
+                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args
+                )
+            else:
+                output = build(mode, plan, args)
+            if output is not TORCH_PATH:
+                return output
+        return _torch_output(mode, state, entry, key, func, args)
+
+    def __len__(self) -> int:
+        """The number of entries with a memoized plan."""
+        return len(self._plans)
+
+    def clear(self) -> None:
+        """Forgets every plan."""
+        self._plans = {}

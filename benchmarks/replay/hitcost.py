@@ -8,9 +8,7 @@ caches aten).
 
 from __future__ import annotations
 
-import gc
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 import torch_cachepolicy as tcp
 from benchmarks.global_patch import global_patch
 from benchmarks.replay import dialect
+from benchmarks.timing import timed
 
 __all__ = [
     "ATEN_VARIANTS",
@@ -81,13 +80,10 @@ def hit_cases() -> list[HitCase]:
 
 def _timed(fn: Callable[[], None]) -> tuple[float, float]:
     """Wall and process-CPU seconds of ``fn()``, with the cyclic GC off."""
-    gc.disable()
-    try:
-        start, cpu_start = time.perf_counter(), time.process_time()
+    # No collection first: a batch is short and there are many of them.
+    with timed(collect=False) as timing:
         fn()
-        return time.perf_counter() - start, time.process_time() - cpu_start
-    finally:
-        gc.enable()
+    return timing.seconds, timing.cpu_seconds
 
 
 def _floor(mode: _ft.FakeTensorMode, sample: FakeTensor, calls: int) -> Callable[[], None]:

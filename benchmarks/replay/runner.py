@@ -14,6 +14,7 @@ from benchmarks.replay.configs import Configuration, Counts
 from benchmarks.replay.exportpass import fake_inputs, replay
 from benchmarks.replay.metadata import GraphMetadata, capture, first_difference
 from benchmarks.replay.workloads import Workload
+from benchmarks.timing import timed
 
 __all__ = ["Progress", "Series", "WorkloadRun", "run_series", "run_workload"]
 
@@ -78,20 +79,15 @@ def run_series(config: Configuration, workload: Workload, replays: int) -> tuple
         t1 = time.perf_counter()
         before = config.counts(mode)
         # No collection inside the timed span (as timeit does): a cyclic GC
-        # pass lands on whichever configuration happens to trigger it.
-        gc.disable()
-        try:
-            start, cpu_start = time.perf_counter(), time.process_time()
+        # pass lands on whichever configuration happens to trigger it. The
+        # collection before it ran above, outside the scope's timed entry.
+        with timed(collect=False) as timing:
             envs = replay(workload.graph, mode, inputs, replays)
-            seconds = time.perf_counter() - start
-            cpu_seconds = time.process_time() - cpu_start
-        finally:
-            gc.enable()
         counts = config.counts(mode) - before
         t2 = time.perf_counter()
     t3 = time.perf_counter()
     metadata = [capture(workload.graph, env) for env in envs]
-    return Series(seconds, cpu_seconds, counts, t1 - t0, t3 - t2), metadata
+    return Series(timing.seconds, timing.cpu_seconds, counts, t1 - t0, t3 - t2), metadata
 
 
 def run_workload(

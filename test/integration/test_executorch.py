@@ -1,7 +1,7 @@
 # Owner(s): ["module: fakeTensor"]
 """A real client: ExecuTorch 1.5.1 lowering quantized models under a policy mode.
 
-Three flows (``benchmarks.executorch_flow.FLOWS``): Ethos-U55
+Three flows (``benchmarks.executorch.FLOWS``): Ethos-U55
 (``to_edge_transform_and_lower`` with ``EthosUPartitioner``), Cortex-M
 (``to_edge`` + ``CortexMPassManager``) and XNNPACK
 (``to_edge_transform_and_lower`` with ``XnnpackPartitioner``). Each flow lowers
@@ -38,7 +38,7 @@ from torch.export import ExportedProgram
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
-from benchmarks import executorch_flow as flow
+from benchmarks import executorch as flow
 from benchmarks.dispatch_recorder import DispatchCensus, recording
 from benchmarks.global_patch import backend_entries, global_patch, positive_backend_entries
 from torch_cachepolicy.adopt import adopt
@@ -466,7 +466,7 @@ class TestCortexMFlow(FlowChecks, TestCase):
         # What stays on stock modes is torch.export's own mode, before adopt.
         stock_sites = {m.site for m in census.modes if m.kind == "stock" and m.calls}
         self.assertEqual(len(stock_sites), 1, stock_sites)
-        self.assertIn("benchmarks/executorch_flow.py", stock_sites.pop())
+        self.assertIn("benchmarks/executorch/lowering.py", stock_sites.pop())
 
 
 @unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)

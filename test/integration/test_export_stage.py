@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
-from benchmarks import executorch_flow, export_stage
+from benchmarks import executorch, export_stage
 from torch_cachepolicy.recipes.executorch import executorch_policy
 
-HAS_EXECUTORCH = executorch_flow.executorch_version() == executorch_flow.EXECUTORCH_VERSION
+HAS_EXECUTORCH = executorch.executorch_version() == executorch.EXECUTORCH_VERSION
 
 
 @unittest.skipUnless(HAS_EXECUTORCH, "ExecuTorch 1.5.1 is not installed: make test-executorch installs it")
@@ -33,8 +33,8 @@ class TestExportStage(TestCase):
         """The re-exported quantized program has stock's graph code and belongs to a policy mode."""
         self.assertEqual(self.flows["policy"]["code"], self.flows["stock"]["code"])
         self.assertIn("quantized_decomposed", self.flows["stock"]["code"])
-        self.assertIsInstance(executorch_flow.program_mode(self.flows["policy"]["program"]), tcp.FakeTensorMode)
-        self.assertNotIsInstance(executorch_flow.program_mode(self.flows["stock"]["program"]), tcp.FakeTensorMode)
+        self.assertIsInstance(executorch.program_mode(self.flows["policy"]["program"]), tcp.FakeTensorMode)
+        self.assertNotIsInstance(executorch.program_mode(self.flows["stock"]["program"]), tcp.FakeTensorMode)
 
     def test_re_export_caches_backend_ops(self) -> None:
         """The re-export dispatches quantized_decomposed ops through the policy mode, and some hit."""
@@ -47,7 +47,7 @@ class TestExportStage(TestCase):
         program = export_stage.pt2e_flow("stock")["program"]
         cost = export_stage.adopt_cost(program, executorch_policy())
         self.assertGreater(cost["values"], 50)
-        self.assertIsInstance(executorch_flow.program_mode(program), tcp.FakeTensorMode)
+        self.assertIsInstance(executorch.program_mode(program), tcp.FakeTensorMode)
         self.assertGreater(cost["adopt_cpu"], 0)
         self.assertGreater(cost["floor_cpu"], 0)
 
