@@ -12,6 +12,7 @@ the storage (:mod:`~torch_cachepolicy.store`) and a hit's output
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -34,16 +35,17 @@ from torch_cachepolicy import routes
 from torch_cachepolicy.arguments import check_cache_arguments, check_policy
 from torch_cachepolicy.deps import RUNS_EXCLUDED, Dependent, Frames
 from torch_cachepolicy.keybuilder import KeyStats, cache_key
-from torch_cachepolicy.keyparts import extend_key
+from torch_cachepolicy.keyparts import check_visible, extend_key
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.report import CacheReport, OpStats
-from torch_cachepolicy.routes import BYPASS, HOP, HOP_SUB, NO_RULES, POLICY, STOCK_SUB, Route
+from torch_cachepolicy.routes import BYPASS, HOP, HOP_SUB, NO_RULES, POLICY, STOCK, STOCK_SUB, Route
 from torch_cachepolicy.safety import (
     CrosscheckError,
     InputSnapshot,
     check_backend_op,
     check_backend_output,
     crosscheck,
+    shape_env_state,
     verify_entry,
 )
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
@@ -86,6 +88,11 @@ _DIRECT_HIT_PATH = frozenset(_StockMode.dispatch.__code__.co_names) == _STOCK_DI
 _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
 _HANDLE_DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
 _FT_LOG = _ft.log
+
+# Bypass reasons (Note [The kernel in effect]).
+REAL_TENSORS = "propagate_real_tensors"
+PROFILED = "a custom-ops profile replaces its fake kernel"
+BACKEND_FALLBACK = "no fake kernel for static inputs (the Meta backend fallback ran)"
 
 
 class FakeTensorMode(_StockMode):
@@ -130,6 +137,9 @@ class FakeTensorMode(_StockMode):
         check_cache_arguments("FakeTensorMode", cache_policy, cache_store, cache_crosscheck)
         super().__init__(**kwargs)
         self._cache_policy = CachePolicy() if cache_policy is None else cache_policy
+        # A store the mode made is private to it; one passed in is shared
+        # (Note [Copying a policy mode]).
+        self._owns_store = cache_store is None
         self._cache_store = CacheStore() if cache_store is None else cache_store
         # Read for every hit of an aten op; a store's isolation never changes.
         self._isolated = self._cache_store.isolated
@@ -137,12 +147,63 @@ class FakeTensorMode(_StockMode):
             self.cache_crosscheck_enabled = cache_crosscheck
         self._stats: dict[object, OpStats] = {}
         self._key_stats = KeyStats()
+        self._init_transient()
+
+    def _init_transient(self) -> None:
+        """The state a copy of the mode starts afresh (Note [Copying a policy mode])."""
         self._synced_identity: object = None
         self._partition = Partition()  # replaced by the policy's partition on first dispatch
         self._routes: dict[object, Route] = {}
         # Misses being computed; Note [Entries cover inner ops].
         self._frames = Frames()
         self._synth = Synthesizer()
+
+    # Note [Copying a policy mode]
+    # Stock modes (and so their FakeTensors, and GraphModules holding those)
+    # copy with copy.deepcopy, attribute by attribute; passes deep-copy
+    # graphs whose node.meta["val"] are FakeTensors. A policy mode copies
+    # the same way, except for what is bound to this instance: the frames of
+    # misses in flight (threads, locks), the route memo and the synced
+    # partition (rebuilt on the first dispatch) and the output plans start
+    # afresh. The policy is copied as a policy copies (Note [Copying a
+    # policy]); the counters are copied. Entries are a cache, so a copy may
+    # start without them: a store the mode made itself becomes a new empty
+    # store of the same isolation, while a store passed in by the user is
+    # shared with the copy (entries are keyed by metadata, never by mode, so
+    # the copy reads them as any mode on that store would). copy.copy shares
+    # the policy and the store and copies the counters. Pickling behaves as stock's: its
+    # state is stock's plus the policy, the counters and an empty store.
+
+    _TRANSIENT = ("_synced_identity", "_partition", "_routes", "_frames", "_synth")
+
+    def __getstate__(self) -> dict[str, object]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
+        if self._owns_store:
+            state["_cache_store"] = CacheStore(isolated=self._isolated)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._init_transient()
+
+    def __copy__(self) -> FakeTensorMode:
+        clone = type(self).__new__(type(self))
+        state = self.__getstate__()
+        state["_cache_store"] = self._cache_store
+        state["_stats"] = copy.deepcopy(self._stats)
+        state["_key_stats"] = copy.deepcopy(self._key_stats)
+        clone.__setstate__(state)
+        return clone
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FakeTensorMode:
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        state = self.__getstate__()
+        store = state.pop("_cache_store")
+        state = copy.deepcopy(state, memo)
+        state["_cache_store"] = store
+        clone.__setstate__(state)
+        return clone
 
     # ------------------------------------------------------------ public API
 
@@ -217,13 +278,22 @@ class FakeTensorMode(_StockMode):
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] = _NO_KWARGS,
     ) -> object:
-        # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule get
-        # that rule, called when stock's dispatcher would call it: always for
-        # a HOP, and for an OpOverload (a py_impl(FakeTensorMode) rule) only
-        # under the Python dispatcher, the one path that consults an
-        # OpOverload's python_key_table. This is `dispatch`, not
-        # `__torch_dispatch__`: torch wraps every override of the latter in a
-        # dynamo-disabling shim, which would run twice per op.
+        # Note [Rules for the FakeTensorMode class]
+        # torch looks up the rules registered for the FakeTensorMode class by
+        # the mode's exact type, so none of them reaches a subclass; this
+        # method applies each where stock's dispatch would apply it, in
+        # stock's order, before the cache (stock never caches their results):
+        # 1. under the Python dispatcher, an OpOverload's py_impl(FakeTensorMode)
+        #    rule (its python_key_table), which the Python dispatcher calls
+        #    instead of the mode; for a HOP, its rule for FakeTensorMode,
+        #    always (Note [HOPs under a subclass]);
+        # 2. a rule from torch.library.register_torch_dispatch(op,
+        #    FakeTensorMode, ...), which the dispatcher calls instead of the
+        #    mode's __torch_dispatch__.
+        # This is `dispatch`, not `__torch_dispatch__`: torch wraps every
+        # override of the latter in a dynamo-disabling shim, which would run
+        # twice per op.
+        route = self._routes.get(func)
         handler = getattr(func, "python_key_table", NO_RULES).get(_StockMode)
         if (
             handler is not None
@@ -235,8 +305,13 @@ class FakeTensorMode(_StockMode):
                 # depends on it all the same (Note [Entries cover inner ops]).
                 self._record_rule(func)
             return handler(self, *args, **(kwargs or {}))
+        rule = routes.torch_dispatch_rule(route, func)
+        if rule is not None:
+            if self._frames.open:
+                self._record_rule(func)
+            return rule(self, func, types, args, kwargs or {})
         if (
-            func in self._routes
+            route is not None
             and _DIRECT_HIT_PATH
             and self.cache_enabled
             and func not in _META_HANDLERS
@@ -274,10 +349,18 @@ class FakeTensorMode(_StockMode):
         state = _CacheKeyState(self.shape_env)
         sub: Hashable = None
         try:
+            if kind != STOCK and self.propagate_real_tensors:
+                # See Note [The kernel in effect]: the real kernel's outputs
+                # may replace the fake kernel's.
+                raise _BypassDispatchCache(REAL_TENSORS)
             if kind == POLICY:
-                sub = routes.kernel_sub(route, self._cache_policy)
+                sub = self._sub(route)
                 if self._frames.open:
                     self._record(route, sub)
+                if sub[routes.SUB_PROFILE] is not None:  # type: ignore[index]
+                    raise _BypassDispatchCache(PROFILED)
+                if route.slots.opaque:  # type: ignore[union-attr]
+                    check_visible(route.slots, route.immutable, args, kwargs)  # type: ignore[arg-type]
             # torch's _cache_key, built cheaply when the arguments allow it.
             key = cache_key(self, state, func, args, kwargs, self._key_stats)
             if route.slots is not None:
@@ -307,7 +390,7 @@ class FakeTensorMode(_StockMode):
         if entry is None:
             return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
         if type(entry) is Dependent:
-            if not self._frames.still_valid(entry, self._current_sub):
+            if not self._frames.still_valid(entry, self._sub):
                 return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
             entry = entry.entry
         elif isinstance(entry, _DispatchCacheBypassEntry):
@@ -336,6 +419,11 @@ class FakeTensorMode(_StockMode):
         func: Any = route.func
         kind = route.kind
         snapshot = InputSnapshot(args, kwargs)
+        # See shape_env_state: a backend kernel that saw no symbols must not
+        # change the ShapeEnv either (a hit would not).
+        env_before = (
+            shape_env_state(self.shape_env) if kind == POLICY and shape_env is None and self.shape_env else None
+        )
         frame = self._frames.push()
         try:
             output = self._dispatch_impl(func, types, args, kwargs)
@@ -349,6 +437,8 @@ class FakeTensorMode(_StockMode):
         try:
             if kind == POLICY:
                 check_backend_op(func, args, explicit=route.explicit)
+                if shape_env is None and routes.runs_backend_fallback(route):
+                    raise _BypassDispatchCache(BACKEND_FALLBACK)
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
         except _BypassDispatchCache as e:
             # torch's own verdict (or a schema check of ours on a private
@@ -366,6 +456,8 @@ class FakeTensorMode(_StockMode):
                     raise _BypassDispatchCache(RUNS_EXCLUDED)
                 if kind == POLICY:
                     check_backend_output(state, func, args, output)
+                if env_before is not None and shape_env_state(self.shape_env) != env_before:
+                    raise _BypassDispatchCache("fake kernel changed the ShapeEnv")
                 verify_entry(self, state, entry, key, func, args, kwargs, output)
             except _BypassDispatchCache as e:
                 stats.bypass(e.reason)
@@ -442,8 +534,14 @@ class FakeTensorMode(_StockMode):
             self._routes[func] = route
         return route
 
-    def _current_sub(self, route: Route) -> Hashable:
-        return routes.kernel_sub(route, self._cache_policy)
+    def _sub(self, route: Route) -> Hashable:
+        """``routes.kernel_sub``, with this mode's allow_fallback_kernels where it matters."""
+        sub = routes.kernel_sub(route, self._cache_policy)
+        if route.fallback_capable:
+            # Stock may run a real kernel for such an op, only if the mode
+            # allows it (Note [The kernel in effect]).
+            return (*sub, self.allow_fallback_kernels)  # type: ignore[misc]
+        return sub
 
     def _private_table(self, route: Route, shape_env: Any) -> Table:
         # Note [What the ShapeEnv knows]
@@ -458,8 +556,10 @@ class FakeTensorMode(_StockMode):
         policy = self._cache_policy
         context = routes.context_value(policy, route.func) if policy.has_context else None
         version = None if shape_env is None else shape_env._version_counter
+        # The subgraph's ops choose py_impl kernels under the Python dispatcher.
+        dispatcher = routes.python_dispatcher_enabled()
         try:
-            return self._partition.table((HOP_SUB, context, version), shape_env)
+            return self._partition.table((HOP_SUB, context, version, dispatcher), shape_env)
         except TypeError:
             raise routes.unhashable_context(policy, route.func, context) from None
 
@@ -475,7 +575,7 @@ class FakeTensorMode(_StockMode):
             if route.kind == BYPASS:
                 # Not cached itself, but what its kernel returns (and so the
                 # enclosing entry) depends on the same things as a cached op's.
-                sub = routes.kernel_sub(route, self._cache_policy)
+                sub = self._sub(route)
         self._frames.record(route, sub)
 
     def _record_rule(self, func: OpOverload) -> None:
@@ -485,7 +585,7 @@ class FakeTensorMode(_StockMode):
         if route.taints:
             self._frames.taint()
         elif route.backend is not None:
-            self._record(route, routes.kernel_sub(route, self._cache_policy))
+            self._record(route, self._sub(route))
 
 
 # Keep mypy honest about the base class we extend.

@@ -43,6 +43,7 @@ __all__ = [
     "crosscheck",
     "describe",
     "first_difference",
+    "shape_env_state",
     "storage_id",
     "verify_entry",
 ]
@@ -115,12 +116,30 @@ def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
         # an output or an input (a hit would not).
         ("is_leaf", t.is_leaf),
         ("grad", _grad(t)),
+        ("retains_grad", t.retains_grad),
+        # An in-place op inside a kernel bumps the version counter (of an
+        # input, or of the output it then returns); a hit bumps none.
+        ("version", _version(t)),
+        ("hooks", _hooks(t)),
         # A kernel may hand back a FakeTensor of another mode; a hit builds one of ours.
         ("fake mode", id(getattr(t, "fake_mode", None))),
         # Python attributes: a kernel may tag its output, or memoize on an
         # input (x.nonzero() sets x's nonzero memo); a hit does neither.
         ("python attributes", _python_state(t)),
     )
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def _hooks(t: torch.Tensor) -> tuple[int, int]:
+    backward = t._backward_hooks
+    post = getattr(t, "_post_accumulate_grad_hooks", None)
+    return (len(backward) if backward else 0, len(post) if post else 0)
 
 
 def _grad(t: torch.Tensor) -> object:
@@ -169,13 +188,19 @@ def describe(
             sid = storage_id(leaf)
             out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
             out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
-            out.append(
-                (f"{where} storage sharing with inputs", tuple(j for j, s in enumerate(input_storages) if s == sid))
-            )
+            shared = tuple(j for j, s in enumerate(input_storages) if s == sid)
+            out.append((f"{where} storage sharing with inputs", shared))
             out.append(
                 (f"{where} storage sharing with outputs", tuple(j for j, s in enumerate(seen_storages) if s == sid))
             )
-            out.extend((f"{where} {name}", value) for name, value in _tensor_fields(leaf))
+            # An output on an input's storage is an alias the schema declares
+            # (anything else bypasses), and autograd gives it the input's
+            # version counter on the way back to the caller: its own counter
+            # here is never seen.
+            out.extend(
+                (f"{where} {name}", None if shared and name == "version" else value)
+                for name, value in _tensor_fields(leaf)
+            )
             seen_storages.append(sid)
         elif isinstance(leaf, torch.SymInt):
             out.append((f"{where} value", ("SymInt", _int(leaf))))
@@ -217,7 +242,16 @@ def _plain(value: object) -> object:
 
 
 class InputSnapshot:
-    """The metadata of every tensor argument, taken before a kernel runs."""
+    """What a kernel can change about its tensor arguments, taken before it runs.
+
+    The metadata of every tensor argument: :func:`describe`'s fields, the
+    version counter, hooks and Python attributes included. Lists and dicts
+    need no snapshot: the dispatcher hands a kernel its own copies of them,
+    so a kernel changing them changes nothing its caller sees. The content
+    of other objects is not compared; an argument whose content the key
+    cannot see bypasses before a kernel runs (Note [Arguments the key cannot
+    see]).
+    """
 
     __slots__ = ("_before", "_tensors")
 
@@ -238,6 +272,25 @@ class InputSnapshot:
                 if _differs(after, before):
                     return name
         return None
+
+
+def shape_env_state(shape_env: Any) -> tuple[object, ...]:
+    """What a kernel can add to a ShapeEnv: guards, symbols, replacements, assertions.
+
+    Compared before and after a kernel that saw no symbols: a kernel that
+    created a symbol, added a guard or learned a fact from nothing cannot be
+    replayed by a hit.
+    """
+    return (
+        len(shape_env.guards),
+        len(shape_env.var_to_range),
+        len(shape_env.replacements),
+        len(shape_env.divisible),
+        shape_env.num_deferred_runtime_asserts,
+        shape_env.unbacked_symint_counter,
+        shape_env.unbacked_symfloat_counter,
+        shape_env._version_counter,
+    )
 
 
 def check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:
