@@ -311,6 +311,7 @@ _INTERNALS: tuple[_Internal, ...] = (
     ),
     # Sources routes.kernel_sub watches (Note [The kernel in effect]).
     _Internal("torch._subclasses.fake_impls", "op_implementations_checks", check=_is_type(list)),
+    _Internal("torch._subclasses.fake_impls", "op_implementations_dict", check=_is_type(dict)),
     _Internal("torch._subclasses.fake_impls", "get_fast_op_impls", params=(), check=_returns_mapping),
     _Internal(_FT, f"{_MODE}.can_run_unsafe_fallback", params=("self", "func")),
     _Internal(_FT, f"{_MODE}._can_run_unsafe_fallback_allowed_namespaces"),
