@@ -302,6 +302,14 @@ _INTERNALS: tuple[_Internal, ...] = (
         "torch._library.simple_registry",
         "GenericTorchDispatchRuleHolder.find",
         params=("self", "torch_dispatch_class"),
+        refers_to=("_data",),
+    ),
+    # routes keep the holder's dict: register and deregister change it in place.
+    _Internal(
+        "torch._library.simple_registry",
+        "GenericTorchDispatchRuleHolder.register",
+        params=("self", "torch_dispatch_class", "func"),
+        refers_to=("_data",),
     ),
     _Internal(
         "torch._library.simple_registry",

@@ -266,6 +266,9 @@ class FakeTensorMode(_StockMode):
         self._stats = {}
         self._key_stats = KeyStats()
         self._synth.clear()
+        # Routes hold the counters just dropped; the next dispatch routes afresh.
+        self._routes = {}
+        self._synced_identity = None
         partition(self._cache_store, self._cache_policy.identity).clear()
 
     # ------------------------------------------------------------- dispatch
@@ -305,21 +308,26 @@ class FakeTensorMode(_StockMode):
                 # depends on it all the same (Note [Entries cover inner ops]).
                 self._record_rule(func)
             return handler(self, *args, **(kwargs or {}))
-        rule = routes.torch_dispatch_rule(route, func)
+        if route is None:
+            rule = routes.torch_dispatch_rule(None, func)
+        else:
+            # A routed op keeps its registry entry's rules by class (Route.rules).
+            rules = route.rules
+            rule = rules.get(_StockMode) if rules else None
         if rule is not None:
             if self._frames.open:
                 self._record_rule(func)
             return rule(self, func, types, args, kwargs or {})
         if (
             route is not None
+            and route.direct
             and _DIRECT_HIT_PATH
             and self.cache_enabled
-            and func not in _META_HANDLERS
-            and func not in _HANDLE_DIRECTLY
+            and self._cache_policy.identity is self._synced_identity
             and not _FT_LOG.isEnabledFor(logging.DEBUG)
         ):
             # See Note [Entering the hit path directly].
-            return self._cached_dispatch_impl(func, types, args, kwargs or {})
+            return self._dispatch_routed(route, func, types, args, kwargs or {})
         return super().dispatch(func, types, args, kwargs)
 
     @override
@@ -335,10 +343,25 @@ class FakeTensorMode(_StockMode):
         route = self._routes.get(func)
         if route is None:
             route = self._route(func)
+        return self._dispatch_routed(route, func, types, args, kwargs)
+
+    def _dispatch_routed(
+        self,
+        route: Route,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> object:
+        """``_cached_dispatch_impl`` for an op whose current route is known.
+
+        An OpOverload's hash is a Python method, so each dict keyed by the op
+        costs a call on the hit path: the route is found once per dispatch
+        and carries what else is per op (its counters, whether the direct
+        hit path applies).
+        """
         kind = route.kind
-        stats = self._stats.get(func)
-        if stats is None:
-            stats = self._stats[func] = OpStats()
+        stats = route.stats
 
         if kind == BYPASS:
             stats.bypass(route.label)
@@ -354,7 +377,9 @@ class FakeTensorMode(_StockMode):
                 # may replace the fake kernel's.
                 raise _BypassDispatchCache(REAL_TENSORS)
             if kind == POLICY:
-                sub = self._sub(route)
+                sub = routes.kernel_sub(route, self._cache_policy)
+                if route.fallback_capable:
+                    sub = (*sub, self.allow_fallback_kernels)  # type: ignore[misc]
                 if self._frames.open:
                     self._record(route, sub)
                 if sub[routes.SUB_PROFILE] is not None:  # type: ignore[index]
@@ -530,6 +555,12 @@ class FakeTensorMode(_StockMode):
 
     def _route(self, func: object) -> Route:
         route, memoized = routes.route_for(self._cache_policy, func)
+        stats = self._stats.get(func)
+        if stats is None:
+            stats = self._stats[func] = OpStats()
+        route.stats = stats
+        # torch fills stock dispatch's two tables at import.
+        route.direct = func not in _META_HANDLERS and func not in _HANDLE_DIRECTLY
         if memoized:
             self._routes[func] = route
         return route

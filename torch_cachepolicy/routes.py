@@ -8,6 +8,7 @@ outside aten/prim/prims, the registries whose kernels its entries belong to
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -97,18 +98,24 @@ class Route:
             CustomOpDef or None, KernelWatch.fingerprint, uses the policy's
             context, func.python_key_table, func.py_kernels, the op's
             torch_dispatch rules)`` (Note [Entries belong to a fake kernel]).
-        rules: the op's rules registered with ``register_torch_dispatch``
-            (an OpOverload's registry entry; None for HOPs).
+        rules: the op's rules registered with ``register_torch_dispatch``,
+            by class: the dict of its registry entry's rule holder, which
+            registration and deregistration change in place (None for HOPs).
+            Held directly because the hit path reads it on every dispatch.
         fallback_capable: stock may run a real kernel for the op when it
             has no meta kernel, if the mode allows fallback kernels.
         op_impls: ``(len(op_implementations_checks), the op's kernel
             fingerprint, the implementations whose check accepts the op)``,
             refreshed when either changes.
         immutable: the argument types the policy declared immutable.
+        stats: the routing mode's counters for the op.
+        direct: the mode may enter its hit path directly for the op (Note
+            [Entering the hit path directly]).
     """
 
     __slots__ = (
         "backend",
+        "direct",
         "explicit",
         "fallback_capable",
         "func",
@@ -119,6 +126,7 @@ class Route:
         "private",
         "rules",
         "slots",
+        "stats",
         "taints",
     )
 
@@ -135,6 +143,9 @@ class Route:
         self.fallback_capable = False
         self.op_impls: tuple[int, object, tuple[Any, ...]] = (-1, None, ())
         self.immutable: frozenset[type] = frozenset()
+        # Filled in by the mode that routes the op.
+        self.stats: Any = None
+        self.direct = False
 
 
 def route_for(policy: CachePolicy, func: object) -> tuple[Route, bool]:
@@ -175,7 +186,7 @@ def route_for(policy: CachePolicy, func: object) -> tuple[Route, bool]:
     # impl or a rule registered later lands in the entry we keep (entries
     # are never removed from the registry).
     entry = _fake_registry.find(func.name())
-    route.rules = entry.torch_dispatch_rules
+    route.rules = entry.torch_dispatch_rules._data
     route.fallback_capable = _StockMode.can_run_unsafe_fallback(_FALLBACK_PROBE, func)  # type: ignore[arg-type]
     if func.namespace not in BUILTIN_NAMESPACES:
         route.backend = (
@@ -223,21 +234,28 @@ def kernel_sub(route: Route, policy: CachePolicy) -> Hashable:
     holder, opdef, fingerprint, uses_context, python_key_table, py_kernels, rules = route.backend  # type: ignore[misc]
     kernel = holder.kernel
     func = route.func
+    kernels_now = fingerprint()
+    count, kernels_then, impls = route.op_impls
+    if count != len(_op_implementations) or kernels_then != kernels_now:
+        impls = _op_impls(route, kernels_now)
+    profile = _PROFILE_OVERRIDE.get()
+    if profile is _UNSET:
+        profile = _PROFILE_DEFAULT
     return (
         context_value(policy, func) if uses_context else None,
         None if kernel is None else kernel.func,
         None if opdef is None else opdef._abstract_fn,
-        fingerprint(),
+        kernels_now,
         python_key_table.get(_StockMode),
-        rules.find(_StockMode),
+        rules.get(_StockMode) if rules else None,
         # py_kernels is tested first: DispatchKey hashes slowly.
         tuple(py_kernels.items()) if py_kernels else None,
         _tls_key_included(_PYTHON_DISPATCHER),
         _meta_table.get(func),  # type: ignore[call-overload]
         _decomposition_table.get(func),  # type: ignore[call-overload]
-        _op_impls(route, fingerprint) if _op_implementations else None,
+        impls,
         _op_implementation_of.get(func),  # type: ignore[call-overload]
-        profile_covering(func),
+        None if profile is None or func not in profile.data else profile,
     )
 
 
@@ -254,16 +272,15 @@ def runs_backend_fallback(route: Route) -> bool:
     return holder.kernel is None and fingerprint() == keyset.NO_KERNEL
 
 
-def _op_impls(route: Route, fingerprint: Any) -> tuple[Any, ...]:
-    """The fake_impls.register_op_impl implementations whose check accepts ``route.func``."""
-    count, kernels_then, impls = route.op_impls
-    kernels_now = fingerprint()
-    if count != len(_op_implementations) or kernels_then != kernels_now:
-        # The checks are predicates on the op (its name, tags, schema, and
-        # whether it has a Meta kernel): their answers hold until the list
-        # changes length or the op's kernels change.
-        impls = tuple(impl for check, impl in list(_op_implementations) if check(route.func))
-        route.op_impls = (len(_op_implementations), kernels_now, impls)
+def _op_impls(route: Route, kernels_now: int) -> tuple[Any, ...]:
+    """The fake_impls.register_op_impl implementations whose check accepts ``route.func``, memoized in the route.
+
+    The checks are predicates on the op (its name, tags, schema, and whether
+    it has a Meta kernel): their answers hold until the list changes length
+    or the op's kernels change.
+    """
+    impls = tuple(impl for check, impl in list(_op_implementations) if check(route.func))
+    route.op_impls = (len(_op_implementations), kernels_now, impls)
     return impls
 
 
@@ -310,18 +327,27 @@ def torch_dispatch_rule(route: Route | None, func: object) -> Any:
     """
     if route is not None:
         rules = route.rules
-    elif isinstance(func, OpOverload):
+        return rules.get(_StockMode) if rules else None
+    if isinstance(func, OpOverload):
         entry = _fake_registry.get(func.__qualname__)
-        rules = None if entry is None else entry.torch_dispatch_rules
-    else:
-        return None
-    return None if rules is None else rules.find(_StockMode)
+        return None if entry is None else entry.torch_dispatch_rules.find(_StockMode)
+    return None
 
 
 # torch._dynamo.config._custom_ops_profile, read the way the config module
 # reads it (Note [Reading a config on the hit path]).
 _PROFILE_ENTRY = torch._dynamo.config._config["_custom_ops_profile"]  # type: ignore[attr-defined]
 _UNSET = _config_module._UNSET_SENTINEL
+# The environment is read once, when the config module is imported; only the
+# (context-local) user override changes afterwards.
+_PROFILE_OVERRIDE = (
+    _PROFILE_ENTRY.user_override
+    if _PROFILE_ENTRY.env_value_force is _UNSET
+    else contextvars.ContextVar("_custom_ops_profile_forced", default=_PROFILE_ENTRY.env_value_force)
+)
+_PROFILE_DEFAULT = (
+    _PROFILE_ENTRY.default if _PROFILE_ENTRY.env_value_default is _UNSET else _PROFILE_ENTRY.env_value_default
+)
 
 
 def custom_ops_profile() -> Any:
@@ -331,20 +357,15 @@ def custom_ops_profile() -> Any:
     Reading a config of torch._dynamo costs about 3 us (the config module's
     __getattr__), more than the rest of a hit's own work. The value is the
     config entry's environment override, else its (context-local) user
-    override, else its environment default, else its default; that order is
-    read here directly. ``_compat`` checks at import that the entry has no
-    alias or justknob and that this agrees with the config module, under an
-    override too.
+    override, else its environment default, else its default; the
+    environment values are fixed when the config module is imported, so a
+    read is one ContextVar.get. ``_compat`` checks at import that the entry
+    has no alias or justknob and that its override is a ContextVar;
+    ``test_fidelity.py`` compares this with the config module's read, under
+    an override too.
     """
-    entry = _PROFILE_ENTRY
-    value = entry.env_value_force
-    if value is not _UNSET:
-        return value
-    value = entry.user_override.get()
-    if value is not _UNSET:
-        return value
-    value = entry.env_value_default
-    return entry.default if value is _UNSET else value
+    value = _PROFILE_OVERRIDE.get()
+    return _PROFILE_DEFAULT if value is _UNSET else value
 
 
 def profile_covering(func: object) -> Any:
