@@ -49,6 +49,7 @@ from torch_cachepolicy.safety import (
     verify_entry,
 )
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
+from torch_cachepolicy.symbols import knowledge
 from torch_cachepolicy.synth import Synthesizer
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
@@ -400,12 +401,13 @@ class FakeTensorMode(_StockMode):
             try:
                 # See Note [What the ShapeEnv knows].
                 table = self._partition.table(
-                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env), shape_env
+                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env, state.known_symbols),
+                    shape_env,
                 )
             except TypeError:
                 raise routes.unhashable_context(self._cache_policy, func, sub[0]) from None  # type: ignore[index]
         elif route.private or self._isolated:
-            table = self._private_table(route, shape_env)
+            table = self._private_table(route, shape_env, state)
         elif shape_env is not None:
             table = shape_env.fake_tensor_cache
         else:
@@ -500,7 +502,7 @@ class FakeTensorMode(_StockMode):
                 # keeps the op's entries in its own store. See
                 # Note [Entries that must reproduce aliasing].
                 route.private = True
-                table = self._private_table(route, shape_env)
+                table = self._private_table(route, shape_env, state)
         if shape_env is not None:
             # Entries must not keep a ShapeEnv alive (torch does the same).
             key.strip_shape_env()
@@ -574,23 +576,20 @@ class FakeTensorMode(_StockMode):
             return (*sub, self.allow_fallback_kernels)  # type: ignore[misc]
         return sub
 
-    def _private_table(self, route: Route, shape_env: Any) -> Table:
-        # Note [What the ShapeEnv knows]
-        # A backend kernel may ask the ShapeEnv what it can prove
-        # (statically_known_true, guard_or_false); the answer changes when the
-        # ShapeEnv learns something (torch._check), while the key, which holds
-        # the expressions, does not. The ShapeEnv's version counter (what its
-        # own lru caches key on) joins the sub-table of symbolic entries that a
-        # backend kernel computed: policy ops, and HOPs, which may run them.
+    def _private_table(self, route: Route, shape_env: Any, state: _CacheKeyState) -> Table:
+        # A HOP's entry replays the ops of its subgraph, backend ops among
+        # them: its sub-table holds the policy's context, whether the Python
+        # dispatcher (which prefers py_impl kernels) is on, and, for a key with
+        # symbols, what the ShapeEnv knows about them (Note [What the ShapeEnv
+        # knows]), as a backend op's does.
         if route.kind != HOP:
             return self._partition.table(STOCK_SUB, shape_env)
         policy = self._cache_policy
         context = routes.context_value(policy, route.func) if policy.has_context else None
-        version = None if shape_env is None else shape_env._version_counter
-        # The subgraph's ops choose py_impl kernels under the Python dispatcher.
+        known = None if shape_env is None else knowledge(shape_env, state.known_symbols)
         dispatcher = routes.python_dispatcher_enabled()
         try:
-            return self._partition.table((HOP_SUB, context, version, dispatcher), shape_env)
+            return self._partition.table((HOP_SUB, context, known, dispatcher), shape_env)
         except TypeError:
             raise routes.unhashable_context(policy, route.func, context) from None
 

@@ -9,7 +9,7 @@ outside aten/prim/prims, the registries whose kernels its entries belong to
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch.utils import _config_module
 from torch_cachepolicy import kernels, keyset
 from torch_cachepolicy.keyparts import GENERIC_SLOTS, ArgSlots
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy, decide_memoized, unhashable_part
+from torch_cachepolicy.symbols import knowledge
 
 __all__ = [
     "BYPASS",
@@ -284,13 +285,14 @@ def _op_impls(route: Route, kernels_now: int) -> tuple[Any, ...]:
     return impls
 
 
-def symbolic_sub(route: Route, sub: Hashable, shape_env: Any) -> Hashable:
-    """:func:`kernel_sub` for a key holding symbols.
+def symbolic_sub(route: Route, sub: Hashable, shape_env: Any, symbols: Iterable[Any]) -> Hashable:
+    """:func:`kernel_sub` for a key holding ``symbols``.
 
-    See Note [What the ShapeEnv knows]. With symbolic inputs, fake dispatch
-    also prefers a fast implementation of the op (fake_impls.get_fast_op_impls).
+    Adds what the ShapeEnv knows about them (Note [What the ShapeEnv knows]).
+    With symbolic inputs, fake dispatch also prefers a fast implementation of
+    the op (fake_impls.get_fast_op_impls).
     """
-    return (sub, shape_env._version_counter, _fake_impls.get_fast_op_impls().get(route.func))  # type: ignore[call-overload]
+    return (sub, knowledge(shape_env, symbols), _fake_impls.get_fast_op_impls().get(route.func))  # type: ignore[call-overload]
 
 
 def context_value(policy: CachePolicy, func: object) -> Hashable:
