@@ -128,9 +128,9 @@ class TestSymbols(TestCase):
         """Once a symbol is replaced by another, facts about the other count for it."""
         mode = tcp.FakeTensorMode(shape_env=ShapeEnv())
         x, y = symbolic(mode, 5), symbolic(mode, 5)
-        sx, sy = x.shape[0].node.expr, y.shape[0].node.expr
+        sx = x.shape[0].node.expr
         before = knowledge(mode.shape_env, {sx})
-        torch._check(y.shape[0] > 3)  # about sy only
+        torch._check(y.shape[0] > 3)  # about y's symbol only
         self.assertEqual(knowledge(mode.shape_env, {sx}), before)
         torch._check(x.shape[0] == y.shape[0])  # sx is replaced by sy (or the reverse)
         after = knowledge(mode.shape_env, {sx})
