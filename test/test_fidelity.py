@@ -84,6 +84,14 @@ def _hooks_input(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+@FID.define("logs_on_input(Tensor x) -> Tensor")
+def _logs_on_input(x: torch.Tensor) -> torch.Tensor:
+    log = getattr(x, "log", None)
+    if log is not None:
+        log.append("seen")  # a list the caller keeps on the tensor: the same object, new contents
+    return x.new_empty(x.shape)
+
+
 @FID.define("grows_list(Tensor x, int[] sizes) -> Tensor")
 def _grows_list(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     sizes.append(len(sizes))  # the dispatcher's copy of the caller's list
@@ -443,6 +451,33 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
         _, mode = self.run_both(run)
         self.assertBypassed(mode, torch.ops.tcp_fidelity.hooks_input.default, "fake kernel changed an input's hooks")
 
+    def test_contents_of_an_attribute_changed(self) -> None:
+        """A kernel appending to a list kept as an attribute of its input runs on every call."""
+        def run(mode: Any) -> list[object]:
+            with mode:
+                x = torch.empty(3)
+                x.log = []  # type: ignore[attr-defined]
+                for _ in range(3):
+                    torch.ops.tcp_fidelity.logs_on_input(x)
+                return [len(x.log)]  # type: ignore[attr-defined]
+
+        _, mode = self.run_both(run)
+        self.assertBypassed(
+            mode, torch.ops.tcp_fidelity.logs_on_input.default, "fake kernel changed an input's python attributes"
+        )
+
+    def test_symbol_created_on_symbolic_inputs(self) -> None:
+        """A kernel that creates and drops an unbacked symbol runs on every call, also when its inputs hold symbols."""
+        def run(mode: Any) -> list[object]:
+            with mode:
+                x = mode.from_tensor(torch.empty(3))  # symbolic: the mode has a ShapeEnv
+                for _ in range(3):
+                    torch.ops.tcp_fidelity.makes_symbol(x)
+            return [str(mode.shape_env.create_unbacked_symint())]
+
+        _, mode = self.run_both(run, lambda: {"shape_env": ShapeEnv()})
+        self.assertBypassed(mode, torch.ops.tcp_fidelity.makes_symbol.default, "fake kernel changed the ShapeEnv")
+
     def test_list_argument_mutated(self) -> None:
         """A kernel appending to a list argument changes its own copy: the caller's list, and hits, are as stock."""
         def run(mode: Any) -> list[object]:
@@ -584,6 +619,31 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
                 op(torch.empty(2))
         finally:
             lib._destroy()
+
+
+class TestHigherOrderOps(FidelityTestCase):
+    def test_hop_without_a_rule_raises_as_stock(self) -> None:
+        """A higher-order op with no rule for FakeTensorMode raises NotImplementedError, as under stock."""
+        hop = _NoRuleHop()
+
+        def run(mode: Any) -> list[object]:
+            with mode:
+                x = torch.empty(2)
+                try:
+                    hop(x)
+                except NotImplementedError as e:
+                    return ["NotImplementedError", "There was no rule registered for HigherOrderOperator" in str(e)]
+            return ["returned"]
+
+        self.run_both(run)
+
+
+class _NoRuleHop(torch._ops.HigherOrderOperator):
+    def __init__(self) -> None:
+        super().__init__("tcp_fidelity_no_rule_hop")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x)
 
 
 class TestKernelSources(TestCase):

@@ -46,6 +46,14 @@ def _plain(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+@OPS.define("learns(Tensor x) -> Tensor")
+def _learns(x: torch.Tensor) -> torch.Tensor:
+    if statically_known_true(x.shape[0] > 4):
+        return x.new_empty(1)
+    torch._check(x.shape[0] > 4)  # teaches the ShapeEnv the fact it asked about: the next run answers otherwise
+    return x.new_empty(2)
+
+
 ne_guard = OPS.op("ne_guard")
 mod_guard = OPS.op("mod_guard")
 asks_range = OPS.op("asks_range")
@@ -104,11 +112,25 @@ class TestSymbols(TestCase):
             with mode:
                 return [str(op(x).shape) for op in (ne_guard, ne_guard, mod_guard, mod_guard, ne_guard, mod_guard)]
 
+        OPS.calls.clear()
         mode = self.run_sequence(sequence)
-        # The first run of each op taught the ShapeEnv a fact about its symbol; the second run adds nothing and
-        # makes the entry the later calls hit.
+        # The first run of mod_guard taught the ShapeEnv a fact about its symbol: its kernel ran once more at once
+        # (Note [What the kernel taught]), returned the same and taught nothing, so its entry serves the later calls.
+        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (1, 2))
+        # ne_guard's symbol learned mod_guard's fact between its second and third call: a miss, rightly.
         self.assertEqual((mode.cache_report()[ne_guard].misses, mode.cache_report()[ne_guard].hits), (2, 1))
-        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (2, 1))
+        self.assertEqual(OPS.calls["mod_guard"], 2 + 3)  # cached run: the miss and its rerun; uncached run: 3
+
+    def test_a_kernel_that_answers_differently_once_taught_is_not_shared(self) -> None:
+        """A kernel whose answer changes with what it taught the ShapeEnv keeps missing until it stops teaching."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 9)
+            with mode:
+                return [str(OPS.op("learns")(x).shape) for _ in range(3)]
+
+        mode = self.run_sequence(sequence)
+        learns = OPS.op("learns")
+        self.assertEqual((mode.cache_report()[learns].misses, mode.cache_report()[learns].hits), (2, 1))
 
     def test_a_narrowed_range_is_seen(self) -> None:
         """A kernel asking what the ShapeEnv can prove answers afresh once the symbol's range narrows."""

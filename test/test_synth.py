@@ -199,17 +199,34 @@ class TestSynthParity(TestCase):
         """Outputs with conj or neg bits are left to torch's synthesis."""
         self.check(*case, plain=False)
 
-    def test_symbolic_entries_use_torch(self) -> None:
-        """Entries with symbolic sizes are left to torch (its SymInt stubs name the inputs' symbols)."""
-        mode = _ParityMode(shape_env=ShapeEnv())
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-        x = mode.from_tensor(_t(4, 3), symbolic_context=ctx)
-        with mode:
-            aten.relu.default(x)
-            out = aten.relu.default(x)
-        self.assertEqual(mode.cache_info().hits, 1)
-        self.assertBuiltAlike(mode, aten.relu.default, plain=False)
-        self.assertEqual(out.shape[0].node.expr, x.shape[0].node.expr)
+    @parametrize(
+        "op, make_args",
+        [
+            subtest((aten.relu.default, lambda x: (x,)), name="aten_relu"),
+            subtest((qd.quantize_per_tensor.default, lambda x: (x, 0.1, 0, -128, 127, torch.int8)), name="backend"),
+            subtest((torch.ops.tcp_test.pair.default, lambda x: (x,)), name="backend_tuple"),
+            subtest((torch.ops.tcp_test.grad_out.default, lambda x: (x,)), name="requires_grad"),
+            subtest((aten.view.default, lambda x: (x, [-1])), name="view_uses_torch"),
+        ],
+    )
+    def test_symbolic_entries(self, op: Any, make_args: Callable[[Any], tuple[Any, ...]]) -> None:
+        """Entries with symbolic sizes are built from a template of torch's first synthesis, alike torch's, and
+        add no guard an uncached run would not (views stay with torch)."""
+        guards = []
+        for cache in (True, False):
+            mode = _ParityMode(shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+            x = mode.from_tensor(_t(4, 3), symbolic_context=ctx)
+            with mode:
+                outs = [op(*make_args(x)) for _ in range(3)]
+            guards.append([str(g.expr) for g in mode.shape_env.guards])
+            if cache:
+                self.assertEqual(mode.cache_report()[op].hits, 2)
+                self.assertBuiltAlike(mode, op, plain=op is not aten.view.default)
+                first = pytree.tree_leaves(outs[-1])[0]
+                self.assertIn(str(x.shape[0].node.expr), str(first.shape[0].node.expr))
+        self.assertEqual(guards[0], guards[1])
 
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""

@@ -1602,6 +1602,37 @@ case(
 )
 case("discarded_symbol", 8, x1, "creates an unbacked symbol from static inputs and drops it", shape_env=True)
 case(
+    "discarded_symbol_symbolic",
+    8,
+    x1,
+    "creates an unbacked symbol and drops it, its inputs holding symbols",
+    op=op("discarded_symbol"),
+    symbolic=True,
+)
+
+
+@zoo_op("appends_to_attribute(Tensor x) -> Tensor")
+def _appends_to_attribute(x: torch.Tensor) -> torch.Tensor:
+    log = getattr(x, "log", None)
+    if log is not None:
+        log.append(len(log))
+    return x.new_empty(x.shape)
+
+
+def _with_log(env: Env, i: int) -> Call:
+    x = t(env.s0)
+    x.log = []  # type: ignore[attr-defined]
+    return Call((x,))
+
+
+case(
+    "appends_to_attribute",
+    4,
+    _with_log,
+    "appends to a list kept as an attribute of its input",
+    steps="FSSFS",
+)
+case(
     "checks_size",
     8,
     lambda env, i: Call((t(2), env.s0)),

@@ -45,6 +45,8 @@ from torch_cachepolicy.safety import (
     check_backend_op,
     check_backend_output,
     crosscheck,
+    describe,
+    first_difference,
     shape_env_state,
     verify_entry,
 )
@@ -299,6 +301,14 @@ class FakeTensorMode(_StockMode):
         # twice per op.
         route = self._routes.get(func)
         handler = getattr(func, "python_key_table", NO_RULES).get(_StockMode)
+        if handler is None and not isinstance(func, OpOverload):
+            # A HOP without a rule for FakeTensorMode: stock's HOP dispatch
+            # raises before reaching the mode.
+            raise NotImplementedError(
+                f"There was no rule registered for HigherOrderOperator {func.name()} and mode {self} "
+                "(torch_cachepolicy.FakeTensorMode applies the rules registered for torch's FakeTensorMode; "
+                f"register one with {func.name()}.py_impl(FakeTensorMode))"
+            )
         if (
             handler is not None
             and not routes.redirects_to_mode(func, handler)
@@ -396,29 +406,13 @@ class FakeTensorMode(_StockMode):
             return self._dispatch_impl(func, types, args, kwargs)
 
         shape_env = state.shape_env if state.cache_on_shape_env() else None
-        table: dict[Any, Any]
-        if kind == POLICY:
-            try:
-                # See Note [What the ShapeEnv knows].
-                table = self._partition.table(
-                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env, state.known_symbols),
-                    shape_env,
-                )
-            except TypeError:
-                raise routes.unhashable_context(self._cache_policy, func, sub[0]) from None  # type: ignore[index]
-        elif route.private or self._isolated:
-            table = self._private_table(route, shape_env, state)
-        elif shape_env is not None:
-            table = shape_env.fake_tensor_cache
-        else:
-            table = _StockMode.cache
-
+        table = self._table(route, sub, state, shape_env)
         entry: Any = table.get(key)
         if entry is None:
-            return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+            return self._miss(route, stats, state, key, table, sub, shape_env, types, args, kwargs)
         if type(entry) is Dependent:
             if not self._frames.still_valid(entry, self._sub):
-                return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+                return self._miss(route, stats, state, key, table, sub, shape_env, types, args, kwargs)
             entry = entry.entry
         elif isinstance(entry, _DispatchCacheBypassEntry):
             stats.bypass(entry.reason)
@@ -431,6 +425,22 @@ class FakeTensorMode(_StockMode):
             crosscheck(self, output, func, types, args, kwargs)
         return output
 
+    def _table(self, route: Route, sub: Hashable, state: _CacheKeyState, shape_env: Any) -> dict[Any, Any]:
+        """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
+        if route.kind == POLICY:
+            try:
+                return self._partition.table(
+                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env, state.known_symbols),
+                    shape_env,
+                )
+            except TypeError:
+                raise routes.unhashable_context(self._cache_policy, route.func, sub[0]) from None  # type: ignore[index]
+        if route.private or self._isolated:
+            return self._private_table(route, shape_env, state)
+        if shape_env is not None:
+            return shape_env.fake_tensor_cache
+        return _StockMode.cache
+
     def _miss(
         self,
         route: Route,
@@ -438,6 +448,7 @@ class FakeTensorMode(_StockMode):
         state: _CacheKeyState,
         key: _DispatchCacheKey,
         table: dict[Any, Any],
+        sub: Hashable,
         shape_env: Any,
         types: Sequence[type],
         args: Sequence[object],
@@ -446,10 +457,13 @@ class FakeTensorMode(_StockMode):
         func: Any = route.func
         kind = route.kind
         snapshot = InputSnapshot(args, kwargs)
-        # See shape_env_state: a backend kernel that saw no symbols must not
-        # change the ShapeEnv either (a hit would not).
+        # See shape_env_state: a backend kernel (or subgraph) must not create
+        # symbols, nor, if it saw none, teach the ShapeEnv anything (a hit
+        # would not).
         env_before = (
-            shape_env_state(self.shape_env) if kind == POLICY and shape_env is None and self.shape_env else None
+            shape_env_state(self.shape_env, symbols_only=shape_env is not None)
+            if kind != STOCK and self.shape_env is not None
+            else None
         )
         frame = self._frames.push()
         try:
@@ -483,7 +497,9 @@ class FakeTensorMode(_StockMode):
                     raise _BypassDispatchCache(RUNS_EXCLUDED)
                 if kind == POLICY:
                     check_backend_output(state, func, args, output)
-                if env_before is not None and shape_env_state(self.shape_env) != env_before:
+                if env_before is not None and (
+                    shape_env_state(self.shape_env, symbols_only=shape_env is not None) != env_before
+                ):
                     raise _BypassDispatchCache("fake kernel changed the ShapeEnv")
                 verify_entry(self, state, entry, key, func, args, kwargs, output)
             except _BypassDispatchCache as e:
@@ -503,16 +519,59 @@ class FakeTensorMode(_StockMode):
                 # Note [Entries that must reproduce aliasing].
                 route.private = True
                 table = self._private_table(route, shape_env, state)
+        tables = [table]
+        if shape_env is not None and kind != STOCK and not isinstance(entry, _DispatchCacheBypassEntry):
+            taught = self._table(route, sub, state, shape_env)
+            if taught is not table and self._same_when_rerun(route, types, args, kwargs, output, state, sub, taught):
+                tables.append(taught)
         if shape_env is not None:
             # Entries must not keep a ShapeEnv alive (torch does the same).
             key.strip_shape_env()
-        table[key] = entry
-        if isinstance(table, Table) and kind == HOP:
-            for leaf in pytree.tree_leaves((args, kwargs)):
-                owner = id_hashed_owner(leaf)
-                if owner is not None:
-                    evict_when_collected(owner, table, key)
+        for table in tables:
+            table[key] = entry
+            if isinstance(table, Table) and kind == HOP:
+                for leaf in pytree.tree_leaves((args, kwargs)):
+                    owner = id_hashed_owner(leaf)
+                    if owner is not None:
+                        evict_when_collected(owner, table, key)
         return output
+
+    def _same_when_rerun(
+        self,
+        route: Route,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+        output: object,
+        state: _CacheKeyState,
+        sub: Hashable,
+        taught: dict[Any, Any],
+    ) -> bool:
+        """Whether the kernel, run again with what its first run taught the ShapeEnv, returns the same and teaches nothing.
+
+        Note [What the kernel taught]
+        An entry is filed under what the ShapeEnv knew before its kernel ran
+        (Note [What the ShapeEnv knows]). A kernel that guards on its own
+        symbols has changed that knowledge, so later calls look up elsewhere
+        and would miss once more. Instead the kernel runs once more now: if,
+        knowing what it taught, it returns an equal output (the same
+        description: metadata, symbols by expression, aliasing) and teaches
+        nothing further, the entry stands for calls under the new knowledge
+        too. Otherwise later calls miss, as they would without this. Either
+        way the kernel runs twice and every hit stands for a run that would
+        teach nothing.
+        """
+        snapshot = InputSnapshot(args, kwargs)
+        frame = self._frames.push()
+        try:
+            again = self._dispatch_impl(route.func, types, args, kwargs)  # type: ignore[arg-type]
+        finally:
+            self._frames.pop(frame)
+        if frame.tainted or snapshot.changed() is not None:
+            return False
+        if self._table(route, sub, state, state.shape_env) is not taught:
+            return False
+        return first_difference(describe(again, args, kwargs), describe(output, args, kwargs)) is None
 
     @override
     def _output_from_cache_entry(

@@ -155,10 +155,37 @@ def _python_state(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
     state = getattr(t, "__dict__", None)
     if not state:
         return ()
-    return tuple(
-        (k, v if isinstance(v, _PLAIN) else _int(v) if isinstance(v, torch.SymInt) else (type(v).__name__, id(v)))
-        for k, v in sorted(state.items())
-    )
+    return tuple((k, _value_state(v, _STATE_DEPTH)) for k, v in sorted(state.items()))
+
+
+# How deep _value_state looks into containers and objects held by a tensor's
+# Python attributes; beyond it, an object counts by identity.
+_STATE_DEPTH = 3
+
+
+def _value_state(v: object, depth: int) -> object:
+    """A comparable picture of a Python attribute's value, contents included.
+
+    A kernel may append to a list kept on an input (``x.log.append(...)``):
+    the attribute is the same object before and after, so the contents of
+    lists, tuples, dicts and sets are compared, as deep as
+    :data:`_STATE_DEPTH`. Any other object counts by identity (a FakeTensor's
+    own ``fake_mode``, a tensor, an object of the kernel's own class): what
+    such an object holds is the kernel's undeclared state (docs/guide.md).
+    """
+    if isinstance(v, _PLAIN):
+        return v
+    if isinstance(v, torch.SymInt):
+        return _int(v)
+    if depth == 0 or isinstance(v, torch.Tensor):
+        return (type(v).__name__, id(v))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, id(v), tuple(_value_state(x, depth - 1) for x in v))
+    if isinstance(v, dict):
+        return ("dict", id(v), tuple((repr(k), _value_state(x, depth - 1)) for k, x in v.items()))
+    if isinstance(v, (set, frozenset)):
+        return (type(v).__name__, id(v), len(v), frozenset(x for x in v if isinstance(x, _PLAIN)))
+    return (type(v).__name__, id(v))
 
 
 def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list[torch.Tensor]:
@@ -274,21 +301,25 @@ class InputSnapshot:
         return None
 
 
-def shape_env_state(shape_env: Any) -> tuple[object, ...]:
-    """What a kernel can add to a ShapeEnv: guards, symbols, replacements, assertions.
+def shape_env_state(shape_env: Any, *, symbols_only: bool = False) -> tuple[object, ...]:
+    """What a kernel can add to a ShapeEnv: symbols, and guards, replacements and assertions.
 
-    Compared before and after a kernel that saw no symbols: a kernel that
-    created a symbol, added a guard or learned a fact from nothing cannot be
-    replayed by a hit.
+    Compared before and after a backend kernel: one that created a symbol
+    (even one it dropped) cannot be replayed by a hit, which creates none. For
+    a kernel whose inputs held no symbols, any fact it taught the ShapeEnv
+    counts too; with ``symbols_only`` (inputs with symbols) only the symbols
+    it created: what it taught about its inputs' symbols is what the entry's
+    sub-table holds (Note [What the ShapeEnv knows]).
     """
+    created = (len(shape_env.var_to_range), shape_env.unbacked_symint_counter, shape_env.unbacked_symfloat_counter)
+    if symbols_only:
+        return created
     return (
+        *created,
         len(shape_env.guards),
-        len(shape_env.var_to_range),
         len(shape_env.replacements),
         len(shape_env.divisible),
         shape_env.num_deferred_runtime_asserts,
-        shape_env.unbacked_symint_counter,
-        shape_env.unbacked_symfloat_counter,
         shape_env._version_counter,
     )
 

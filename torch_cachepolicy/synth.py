@@ -53,16 +53,22 @@ __all__ = ["TORCH_PATH", "Plan", "Synthesizer", "available", "build", "checked_b
 #   (_VIEW, arg index, shape, stride, storage offset, dtype, device): a
 #       tensor on the storage of that argument (a view op's output);
 #   (_INPLACE, arg index): that argument itself (an in-place op's output);
-#   (_CONSTANT, value): an int, bool or None.
+#   (_CONSTANT, value): an int, bool or None;
+#   (_SYMBOLIC, [template], requires_grad, device): a fresh tensor with
+#       symbolic sizes, copied from the template torch's first synthesis of
+#       the entry left (Note [Symbolic hits from a template] in csrc/synth.cpp);
+#       the template is filled in by Synthesizer.output.
 _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
-_NEW, _VIEW, _INPLACE, _CONSTANT = range(4)
+_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC = range(5)
 
 # csrc/synth.cpp; fetched once because every plain hit calls them.
 _meta_empty_strided = native.function("meta_empty_strided")
 _meta_view_of = native.function("meta_view_of")
+_meta_template = native.function("meta_template")
+_meta_fresh_like = native.function("meta_fresh_like")
 
 _CONSTANT_TYPES = (int, bool, type(None))
 
@@ -94,12 +100,14 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
         or m.is_neg
         or m.is_sparse
         or m.is_quantized
-        or not _ints(m.shape)
-        or not _ints(m.stride)
         or type(m.dtype) is not torch.dtype
         or type(m.device) is not torch.device
     ):
         return None
+    if not (_ints(m.shape) and _ints(m.stride)):
+        if info.view_idx is not None or _meta_fresh_like is None:
+            return None
+        return (_SYMBOLIC, [None], bool(m.requires_grad), m.device)
     if info.view_idx is None:
         return (_NEW, m.shape, m.stride, m.dtype, m.device, bool(m.requires_grad))
     # torch's set_ on a leaf that requires grad is autograd's business: its path.
@@ -140,6 +148,11 @@ def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
         if kind == _NEW:
             meta = _meta_empty_strided(step[1], step[2], step[3], step[5])  # type: ignore[misc]
             outputs.append(FakeTensor(mode, meta, step[4]))
+        elif kind == _SYMBOLIC:
+            template = step[1][0]
+            if template is None:
+                return TORCH_PATH
+            outputs.append(FakeTensor(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
         elif kind == _CONSTANT:
             outputs.append(step[1])
         else:
@@ -202,6 +215,18 @@ _MAX_PLANS = 4096
 _torch_output = _ft.FakeTensorMode._output_from_cache_entry
 
 
+def _templates_filled(plan: Plan) -> bool:
+    return all(step[0] != _SYMBOLIC or step[1][0] is not None for step in plan[1])
+
+
+def _fill_templates(plan: Plan, output: object) -> None:
+    """Keeps, for each symbolic step, a template of torch's synthesis of that output."""
+    outputs: Any = output if plan[0] else (output,)
+    for step, out in zip(plan[1], outputs, strict=True):
+        if step[0] == _SYMBOLIC and step[1][0] is None:
+            step[1][0] = _meta_template(out)  # type: ignore[misc]
+
+
 class Synthesizer:
     """Builds a mode's outputs from cache entries; one per mode.
 
@@ -243,6 +268,11 @@ class Synthesizer:
             planned = self._plans[id(entry)] = (entry, output_plan(entry, func))
         plan = planned[1]
         if plan is not None:
+            if not _templates_filled(plan):
+                first = _torch_output(mode, state, entry, key, func, args)
+                _fill_templates(plan, first)
+                return first
+            output: object
             if _canary.remaining > 0:
                 output = checked_build(
                     mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args
