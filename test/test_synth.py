@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import unittest
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 from unittest import mock
@@ -19,6 +20,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
+    set_warn_always_context,
     subtest,
 )
 
@@ -239,6 +241,49 @@ class TestSynthParity(TestCase):
         self.assertTrue(out.requires_grad)
         self.assertTrue(out.is_leaf)
         self.assertBuiltAlike(mode, torch.ops.tcp_test.grad_out.default, plain=True)
+
+
+@instantiate_parametrized_tests
+class TestFakeTensors(TestCase):
+    @parametrize("unsafe_data_ptr", [False, True])
+    @parametrize("requires_grad", [False, True])
+    def test_made_as_torch_makes_them(self, unsafe_data_ptr: bool, requires_grad: bool) -> None:
+        """FakeTensors.make gives what torch's constructor gives: attributes, keys, grad, the data_ptr guard."""
+        mode = tcp.FakeTensorMode()
+        mode._allow_unsafe_data_ptr_access = unsafe_data_ptr
+        fakes = synth.FakeTensors()
+        device = torch.device("cpu")
+
+        def meta() -> torch.Tensor:
+            return torch.empty(2, 3, device="meta", requires_grad=requires_grad)
+
+        first = fakes.make(mode, meta(), device)  # torch's own, teaching the attributes
+        ours, theirs = fakes.make(mode, meta(), device), _ft.FakeTensor(mode, meta(), device)
+        for t in (first, ours):
+            self.assertEqual(vars(t), vars(theirs))
+            self.assertEqual(torch._C._dispatch_keys(t), torch._C._dispatch_keys(theirs))
+            self.assertEqual((t.requires_grad, t.is_leaf, t.device, type(t)), (theirs.requires_grad, theirs.is_leaf, theirs.device, type(theirs)))
+
+        def data_ptr(t: torch.Tensor) -> str:
+            # TORCH_WARN_ONCE would warn for whichever tensor asks first.
+            with warnings.catch_warnings(record=True) as caught, set_warn_always_context(True):
+                warnings.simplefilter("always")
+                try:
+                    t.data_ptr()
+                except RuntimeError as e:
+                    return f"raised {str(e)[:40]}"
+            return f"warned {len(caught)}"
+
+        self.assertEqual(data_ptr(ours), data_ptr(theirs))
+
+    def test_debug_config_takes_torch_constructor(self) -> None:
+        """With FakeTensorConfig.debug, every tensor is torch's (it records a traceback)."""
+        mode = tcp.FakeTensorMode()
+        fakes = synth.FakeTensors()
+        fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        with mock.patch.object(_ft.FakeTensorConfig, "debug", True):
+            t = fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        self.assertIn("_debug_trace", vars(t))
 
 
 class TestSynthHits(TestCase):

@@ -46,7 +46,7 @@ from torch._subclasses.fake_tensor import (
 
 from torch_cachepolicy import native
 
-__all__ = ["TORCH_PATH", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
+__all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
 
 # How build() makes one output, by its first element:
 #   (_NEW, shape, stride, dtype, device, requires_grad): a fresh tensor;
@@ -137,22 +137,23 @@ def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | 
     return bool(entry.is_output_tuple), tuple(steps)
 
 
-def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
+def build(mode: Any, plan: Plan, args: Sequence[object], new_fake: Callable[..., Any] = FakeTensor) -> object:
     """The output of a hit on an entry with this plan, made for ``mode``, or
     :data:`TORCH_PATH` when an aliased argument is not a FakeTensor (torch's
-    path raises the error for that)."""
+    path raises the error for that). ``new_fake(mode, meta, device)`` wraps
+    each meta tensor (torch's constructor, or :class:`FakeTensors`)."""
     is_tuple, steps = plan
     outputs: list[object] = []
     for step in steps:
         kind = step[0]
         if kind == _NEW:
             meta = _meta_empty_strided(step[1], step[2], step[3], step[5])  # type: ignore[misc]
-            outputs.append(FakeTensor(mode, meta, step[4]))
+            outputs.append(new_fake(mode, meta, step[4]))
         elif kind == _SYMBOLIC:
             template = step[1][0]
             if template is None:
                 return TORCH_PATH
-            outputs.append(FakeTensor(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
+            outputs.append(new_fake(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
         elif kind == _CONSTANT:
             outputs.append(step[1])
         else:
@@ -163,8 +164,77 @@ def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
                 outputs.append(arg)
             else:
                 meta = _meta_view_of(arg, step[2], step[3], step[4], step[5])  # type: ignore[misc]
-                outputs.append(FakeTensor(mode, meta, step[6]))
+                outputs.append(new_fake(mode, meta, step[6]))
     return tuple(outputs) if is_tuple else outputs[0]
+
+
+_make_subclass = torch.Tensor._make_subclass
+_throw_on_data_ptr = torch._C._set_throw_on_mutable_data_ptr
+_warn_on_data_ptr = torch._C._set_warn_deprecated_on_mutable_data_ptr
+_fake_init = FakeTensor.__init__
+_fake_config = _ft.FakeTensorConfig
+
+
+class FakeTensors:
+    """Makes the FakeTensors of one mode's hits, as torch's constructor makes them.
+
+    Note [A hit's FakeTensor]
+    torch's ``FakeTensor(mode, meta, device)`` takes about 10 us: it parses
+    its arguments (a general constructor), normalizes the device, and sets
+    twenty attributes one by one, through descriptors. A hit's output always
+    comes with the same few arguments, so :meth:`make` does what the
+    constructor does for them: ``Tensor._make_subclass`` with the fake
+    device's backend keys, the mutable-data-pointer guard the mode asks for,
+    the instance attributes, and ``FakeTensor.__init__``. The attributes are
+    not written out here: the first tensor a mode makes for a device is
+    torch's own, and its ``__dict__`` (everything None but the mode and the
+    device) is the one every later tensor starts from; any other value
+    (a torch that sets one) keeps torch's constructor for that device. A
+    meta fake device, or FakeTensorConfig.debug, always takes torch's
+    constructor. The canary compares the first outputs with torch's, Python
+    attributes included.
+    """
+
+    __slots__ = ("_base",)
+
+    def __init__(self) -> None:
+        # device -> the __dict__ of torch's first FakeTensor of it (None: use torch's constructor)
+        self._base: dict[torch.device, dict[str, Any] | None] = {}
+
+    def make(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+        """``FakeTensor(mode, meta, device)``."""
+        base = self._base.get(device, _UNSEEN)
+        if base is None or _fake_config.debug:
+            return FakeTensor(mode, meta, device)
+        if base is _UNSEEN:
+            return self._first(mode, meta, device)
+        t = _make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True, device_for_backend_keys=device)
+        if mode._allow_unsafe_data_ptr_access:
+            _warn_on_data_ptr(t)
+        else:
+            _throw_on_data_ptr(t)
+        t.__dict__.update(base)  # type: ignore[arg-type]
+        _fake_init(t)
+        return t
+
+    def _first(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+        t = FakeTensor(mode, meta, device)
+        state = dict(vars(t))
+        plain = (
+            device.type != "meta"
+            and state.get("fake_mode") is mode
+            and state.get("_fake_device") == device
+            and all(v is None for k, v in state.items() if k not in ("fake_mode", "_fake_device"))
+        )
+        self._base[device] = state if plain else None
+        return t
+
+    def clear(self) -> None:
+        """Forgets the attributes it learned (they hold the mode)."""
+        self._base = {}
+
+
+_UNSEEN: Any = object()
 
 
 class _Canary:
@@ -178,7 +248,11 @@ _canary = _Canary()
 
 
 def checked_build(
-    mode: Any, plan: Plan, torch_build: Callable[[], object], args: Sequence[object]
+    mode: Any,
+    plan: Plan,
+    torch_build: Callable[[], object],
+    args: Sequence[object],
+    new_fake: Callable[..., Any] = FakeTensor,
 ) -> object:
     """:func:`build`, compared with ``torch_build()`` while the canary lasts.
 
@@ -186,7 +260,7 @@ def checked_build(
     switches the fast path off for the process, warns, and returns torch's
     output: correct, only slower.
     """
-    ours = build(mode, plan, args)
+    ours = build(mode, plan, args, new_fake)
     if ours is TORCH_PATH or _canary.remaining <= 0:
         return ours
     from torch_cachepolicy.safety import describe, first_difference
@@ -239,12 +313,13 @@ class Synthesizer:
     against the very function its hits use.
     """
 
-    __slots__ = ("_plans",)
+    __slots__ = ("_fakes", "_plans")
 
     def __init__(self) -> None:
         # id(entry) -> (entry, plan). The entry is held so that its id cannot
         # name another entry while mapped.
         self._plans: dict[int, tuple[object, Plan | None]] = {}
+        self._fakes = FakeTensors()
 
     def output(
         self,
@@ -275,10 +350,10 @@ class Synthesizer:
             output: object
             if _canary.remaining > 0:
                 output = checked_build(
-                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args
+                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args, self._fakes.make
                 )
             else:
-                output = build(mode, plan, args)
+                output = build(mode, plan, args, self._fakes.make)
             if output is not TORCH_PATH:
                 return output
         return _torch_output(mode, state, entry, key, func, args)
@@ -290,3 +365,4 @@ class Synthesizer:
     def clear(self) -> None:
         """Forgets every plan."""
         self._plans = {}
+        self._fakes.clear()
