@@ -81,6 +81,7 @@ _results: dict[str, str] = {}
 _details: dict[str, str] = {}
 _patched: list[str] = []
 _instances: list[int] = [0]  # PeerFakeTensorMode instances made in this child (shows the rebinding is reached)
+_all_stats: list[dict[Any, Any]] = []  # every per-op statistics dict of those instances (read at the end)
 
 
 def admit_every_op(op: Any) -> bool:
@@ -100,7 +101,34 @@ def _make_peer_class() -> type:
             super().__init__(cache_policy=cache_policy, **kwargs)
             _instances[0] += 1
 
+        # Read-only instrumentation: the mode keeps its per-op counters in ``_stats`` (a dict it replaces on
+        # cache_clear). Remembering each dict (not the mode) lets the harness total hits/misses/bypasses per
+        # namespace at the end without keeping any mode alive.
+        @property
+        def _stats(self) -> dict[Any, Any]:
+            return self.__dict__["_peer_suite_stats"]  # type: ignore[no-any-return]
+
+        @_stats.setter
+        def _stats(self, value: dict[Any, Any]) -> None:
+            self.__dict__["_peer_suite_stats"] = value
+            _all_stats.append(value)
+
     return PeerFakeTensorMode
+
+
+def _cache_totals() -> dict[str, dict[str, Any]]:
+    """Hits, misses and bypass reasons of every PeerFakeTensorMode, by namespace group."""
+    totals: dict[str, dict[str, Any]] = {}
+    for stats in _all_stats:
+        for op, st in list(stats.items()):
+            ns = getattr(op, "namespace", None) or "(hop)"
+            group = ns if ns in ("aten", "prim", "prims", "(hop)") else "other namespaces"
+            t = totals.setdefault(group, {"hits": 0, "misses": 0, "bypasses": Counter()})
+            t["hits"] += st.hits
+            t["misses"] += st.misses
+            t["bypasses"].update(st.bypasses)
+    return {g: {"hits": t["hits"], "misses": t["misses"], "bypasses": dict(t["bypasses"].most_common())}
+            for g, t in sorted(totals.items())}
 
 
 def _is_test_code(filename: str, test_root: str) -> bool:
@@ -197,7 +225,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if out:
         payload = {"config": os.environ.get(ENV_CONFIG, "stock"), "patched": _patched, "results": _results,
                    "details": _details, "exitstatus": int(exitstatus),
-                   "peer_instances": _instances[0]}
+                   "peer_instances": _instances[0], "cache_totals": _cache_totals()}
         pathlib.Path(out).write_text(json.dumps(payload, indent=1, sort_keys=True))
 
 
@@ -263,6 +291,9 @@ def report(test_file: pathlib.Path, keyword: str | None, scope: str, stock: dict
     for p in ours["patched"]:
         echo(f"  ours rebinds {p}")
     echo(f"  ours made {ours.get('peer_instances', 0)} torch_cachepolicy FakeTensorMode instances")
+    for group, t in ours.get("cache_totals", {}).items():
+        top = ", ".join(f"{r}: {n}" for r, n in list(t["bypasses"].items())[:4])
+        echo(f"    {group}: {t['hits']} hits, {t['misses']} misses, bypasses {{{top}}}")
     echo(f"  {'':6} " + " ".join(f"{o:>8}" for o in OUTCOMES) + f" {'total':>8} {'seconds':>8}")
     for name, run in (("stock", stock), ("ours", ours)):
         c = counts(run["results"])
