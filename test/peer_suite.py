@@ -36,6 +36,12 @@ module). Which names are rebound, and why:
   counter and ``python_key_table`` key stays torch's; only the instances are ours. This patch writes a
   torch class attribute, which is acceptable in this test harness's child process only and never happens in
   the package. With ``--scope module`` torch's internal modes stay stock.
+* ``--class-api aggregate`` (a probe): ``cache_info()``/``cache_clear()`` called on our class sum/clear every
+  live instance (torch's are class-wide), so the tests after such a call run on.
+* ``--scope instances`` (a probe): the construction redirect alone, no name rebound. The test code then calls
+  torch's class for class-level APIs (``FakeTensorMode.cache_info()``, ``FakeTensorMode.cache_clear()``, the
+  shared ``FakeTensorMode.cache``) while every instance it makes is ours: it shows what lies behind a
+  difference that the first class-level call hides under the default scope.
 
 :class:`PeerFakeTensorMode` is ``torch_cachepolicy.FakeTensorMode`` whose default ``cache_policy`` (when the
 caller passes none, as torch's tests and torch's internals do) is ``CachePolicy(predicate=admit_every_op)``:
@@ -57,6 +63,7 @@ import sys
 import tempfile
 import time
 import types
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,6 +75,7 @@ ENV_CONFIG = "PEER_SUITE_CONFIG"  # "stock" or "ours"
 ENV_SCOPE = "PEER_SUITE_SCOPE"  # "process" or "module"
 ENV_OUT = "PEER_SUITE_OUT"  # where the child writes its outcomes (JSON)
 ENV_TEST_ROOT = "PEER_SUITE_TEST_ROOT"  # the directory whose files count as test code
+ENV_CLASS_API = "PEER_SUITE_CLASS_API"  # "raw" or "aggregate" (see --class-api)
 
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 FAILING = frozenset({"failed", "error"})
@@ -82,6 +90,7 @@ _details: dict[str, str] = {}
 _patched: list[str] = []
 _instances: list[int] = [0]  # PeerFakeTensorMode instances made in this child (shows the rebinding is reached)
 _all_stats: list[dict[Any, Any]] = []  # every per-op statistics dict of those instances (read at the end)
+_live_modes: weakref.WeakSet[Any] = weakref.WeakSet()  # for --class-api aggregate
 
 
 def admit_every_op(op: Any) -> bool:
@@ -89,10 +98,42 @@ def admit_every_op(op: Any) -> bool:
     return True
 
 
+class _ClassLevelAggregate:
+    """``--class-api aggregate`` (a probe): ``cache_info``/``cache_clear`` read on the class act on every live
+    PeerFakeTensorMode (summed / each cleared), as torch's class-wide counters do; on an instance they are the
+    package's own per-instance methods."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is not None:
+            return getattr(objtype.__mro__[1], self.name).__get__(obj, objtype)
+        name = self.name
+
+        def on_every_live_mode() -> Any:
+            from torch._subclasses.fake_tensor import DispatchCacheInfo
+
+            modes = list(_live_modes)
+            if name == "cache_clear":
+                for m in modes:
+                    m.cache_clear()
+                return None
+            infos = [m.cache_info() for m in modes]
+            bypasses: Counter[str] = Counter()
+            for i in infos:
+                bypasses.update(i.bypasses)
+            return DispatchCacheInfo(
+                sum(i.hits for i in infos), sum(i.misses for i in infos), dict(bypasses), sum(i.size for i in infos)
+            )
+
+        return on_every_live_mode
+
+
 def _make_peer_class() -> type:
     import torch_cachepolicy as tcp
 
-    class PeerFakeTensorMode(tcp.FakeTensorMode):  # type: ignore[misc]
+    class PeerFakeTensorMode(tcp.FakeTensorMode):  # type: ignore[no-untyped-call]
         """``torch_cachepolicy.FakeTensorMode`` that admits every namespace unless told otherwise."""
 
         def __init__(self, *, cache_policy: Any = None, **kwargs: Any) -> None:
@@ -100,6 +141,7 @@ def _make_peer_class() -> type:
                 cache_policy = tcp.CachePolicy(predicate=admit_every_op)
             super().__init__(cache_policy=cache_policy, **kwargs)
             _instances[0] += 1
+            _live_modes.add(self)
 
         # Read-only instrumentation: the mode keeps its per-op counters in ``_stats`` (a dict it replaces on
         # cache_clear). Remembering each dict (not the mode) lets the harness total hits/misses/bypasses per
@@ -113,6 +155,10 @@ def _make_peer_class() -> type:
             self.__dict__["_peer_suite_stats"] = value
             _all_stats.append(value)
 
+    if os.environ.get(ENV_CLASS_API) == "aggregate":
+        setattr(PeerFakeTensorMode, "cache_info", _ClassLevelAggregate("cache_info"))  # noqa: B010
+        setattr(PeerFakeTensorMode, "cache_clear", _ClassLevelAggregate("cache_clear"))  # noqa: B010
+        _patched.append("class-level cache_info()/cache_clear() aggregate every live mode (probe)")
     return PeerFakeTensorMode
 
 
@@ -127,8 +173,10 @@ def _cache_totals() -> dict[str, dict[str, Any]]:
             t["hits"] += st.hits
             t["misses"] += st.misses
             t["bypasses"].update(st.bypasses)
-    return {g: {"hits": t["hits"], "misses": t["misses"], "bypasses": dict(t["bypasses"].most_common())}
-            for g, t in sorted(totals.items())}
+    return {
+        g: {"hits": t["hits"], "misses": t["misses"], "bypasses": dict(t["bypasses"].most_common())}
+        for g, t in sorted(totals.items())
+    }
 
 
 def _is_test_code(filename: str, test_root: str) -> bool:
@@ -171,9 +219,10 @@ def install(scope: str, test_root: str) -> None:
 
     peer = _make_peer_class()
     stock = fake_tensor.FakeTensorMode
-    _rebind_for_test_code(torch._subclasses, peer, test_root)
-    _rebind_for_test_code(fake_tensor, peer, test_root)
-    if scope == "process":
+    if scope in ("process", "module"):
+        _rebind_for_test_code(torch._subclasses, peer, test_root)
+        _rebind_for_test_code(fake_tensor, peer, test_root)
+    if scope in ("process", "instances"):
         _redirect_construction(stock, peer)
 
 
@@ -223,9 +272,15 @@ def pytest_collectreport(report: Any) -> None:
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     out = os.environ.get(ENV_OUT)
     if out:
-        payload = {"config": os.environ.get(ENV_CONFIG, "stock"), "patched": _patched, "results": _results,
-                   "details": _details, "exitstatus": int(exitstatus),
-                   "peer_instances": _instances[0], "cache_totals": _cache_totals()}
+        payload = {
+            "config": os.environ.get(ENV_CONFIG, "stock"),
+            "patched": _patched,
+            "results": _results,
+            "details": _details,
+            "exitstatus": int(exitstatus),
+            "peer_instances": _instances[0],
+            "cache_totals": _cache_totals(),
+        }
         pathlib.Path(out).write_text(json.dumps(payload, indent=1, sort_keys=True))
 
 
@@ -234,8 +289,16 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def run_child(test_file: pathlib.Path, config: str, scope: str, keyword: str | None, workdir: pathlib.Path,
-              timeout: float, extra_args: Sequence[str]) -> dict[str, Any]:
+def run_child(
+    test_file: pathlib.Path,
+    config: str,
+    scope: str,
+    keyword: str | None,
+    workdir: pathlib.Path,
+    timeout: float,
+    extra_args: Sequence[str],
+    class_api: str = "raw",
+) -> dict[str, Any]:
     """Run pytest on ``test_file`` in a fresh subprocess; return the plugin's JSON payload."""
     out = workdir / f"{config}.json"
     log = workdir / f"{config}.log"
@@ -243,17 +306,42 @@ def run_child(test_file: pathlib.Path, config: str, scope: str, keyword: str | N
     ini.write_text("[pytest]\n")
     env = dict(os.environ)
     path_parts = [str(HERE), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env.update({"PYTHONPATH": os.pathsep.join(path_parts), ENV_CONFIG: config, ENV_SCOPE: scope,
-                ENV_OUT: str(out), ENV_TEST_ROOT: os.path.realpath(test_file.parent)})
-    cmd = [sys.executable, "-m", "pytest", str(test_file), "-p", "peer_suite", "-p", "no:cacheprovider",
-           "-c", str(ini), "--rootdir", str(test_file.parent), "-q", "-rN", "--tb=short"]
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(path_parts),
+            ENV_CONFIG: config,
+            ENV_SCOPE: scope,
+            ENV_OUT: str(out),
+            ENV_TEST_ROOT: os.path.realpath(test_file.parent),
+            ENV_CLASS_API: class_api,
+        }
+    )
+    env.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")  # opcheck's repro banner hides the error line
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(test_file),
+        "-p",
+        "peer_suite",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        str(ini),
+        "--rootdir",
+        str(test_file.parent),
+        "-q",
+        "-rN",
+        "--tb=native",
+    ]
     if keyword:
         cmd += ["-k", keyword]
     cmd += list(extra_args)
     start = time.monotonic()
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, cwd=test_file.parent, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            cmd, cwd=test_file.parent, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, check=False
+        )
     elapsed = time.monotonic() - start
     if not out.exists():
         tail = log.read_text()[-3000:]
@@ -270,8 +358,9 @@ def compare(stock: dict[str, str], ours: dict[str, str]) -> dict[str, list[str]]
     return {
         "stock_pass_ours_fail": sorted(n for n in both if stock[n] == "passed" and ours[n] in FAILING),
         "stock_fail_ours_pass": sorted(n for n in both if stock[n] in FAILING and ours[n] == "passed"),
-        "other_changes": sorted(n for n in both if stock[n] != ours[n]
-                                and not ({stock[n], ours[n]} <= {"passed"} | FAILING)),
+        "other_changes": sorted(
+            n for n in both if stock[n] != ours[n] and not ({stock[n], ours[n]} <= {"passed"} | FAILING)
+        ),
         "only_stock": sorted(stock.keys() - ours.keys()),
         "only_ours": sorted(ours.keys() - stock.keys()),
     }
@@ -284,8 +373,14 @@ def counts(results: dict[str, str]) -> Counter[str]:
     return c
 
 
-def report(test_file: pathlib.Path, keyword: str | None, scope: str, stock: dict[str, Any], ours: dict[str, Any],
-           echo: Callable[[str], None] = print) -> dict[str, list[str]]:
+def report(
+    test_file: pathlib.Path,
+    keyword: str | None,
+    scope: str,
+    stock: dict[str, Any],
+    ours: dict[str, Any],
+    echo: Callable[[str], None] = print,
+) -> dict[str, list[str]]:
     diff = compare(stock["results"], ours["results"])
     echo(f"peer suite: {test_file}" + (f" -k {keyword!r}" if keyword else "") + f" (scope {scope})")
     for p in ours["patched"]:
@@ -297,8 +392,12 @@ def report(test_file: pathlib.Path, keyword: str | None, scope: str, stock: dict
     echo(f"  {'':6} " + " ".join(f"{o:>8}" for o in OUTCOMES) + f" {'total':>8} {'seconds':>8}")
     for name, run in (("stock", stock), ("ours", ours)):
         c = counts(run["results"])
-        echo(f"  {name:6} " + " ".join(f"{c[o]:8d}" for o in OUTCOMES) + f" {len(run['results']):8d}"
-             + f" {run['seconds']:8.1f}")
+        echo(
+            f"  {name:6} "
+            + " ".join(f"{c[o]:8d}" for o in OUTCOMES)
+            + f" {len(run['results']):8d}"
+            + f" {run['seconds']:8.1f}"
+        )
     titles = {
         "stock_pass_ours_fail": "pass under stock, fail under ours",
         "stock_fail_ours_pass": "fail under stock, pass under ours",
@@ -319,8 +418,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("test_file", type=pathlib.Path, help="one of torch's test files (outside this repository)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression, for both runs")
-    parser.add_argument("--scope", choices=("process", "module"), default="process",
-                        help="process: also torch's internal modes (default); module: the test code's names only")
+    parser.add_argument(
+        "--scope",
+        choices=("process", "module", "instances"),
+        default="process",
+        help="process: the test code's names and every mode torch builds (default); module: the "
+        "test code's names only; instances: every mode built, no name rebound (a probe)",
+    )
+    parser.add_argument(
+        "--class-api",
+        choices=("raw", "aggregate"),
+        default="raw",
+        help="raw: class-level cache_info()/cache_clear() are the package's (default); aggregate: "
+        "a probe where, called on the class, they sum/clear every live mode",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run (default 3600)")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="keep both runs' JSON and logs here")
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments for both runs")
@@ -337,7 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = pathlib.Path(ctx.name)
     try:
         stock = run_child(test_file, "stock", args.scope, args.keyword, workdir, args.timeout, args.pytest_args)
-        ours = run_child(test_file, "ours", args.scope, args.keyword, workdir, args.timeout, args.pytest_args)
+        ours = run_child(
+            test_file, "ours", args.scope, args.keyword, workdir, args.timeout, args.pytest_args, args.class_api
+        )
         diff = report(test_file, args.keyword, args.scope, stock, ours)
         if args.out is not None:
             (workdir / "diff.json").write_text(json.dumps(diff, indent=1))
