@@ -621,6 +621,49 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
             lib._destroy()
 
 
+class TestCacheApiOnTheClass(FidelityTestCase):
+    """Note [The cache API on the class]: cache_info() and cache_clear() called on the class mean what stock's do."""
+
+    @parametrize("cls", [StockMode, tcp.FakeTensorMode], name_fn=lambda c: c.__module__.split(".")[0])
+    def test_clear_then_count_on_the_class(self, cls: Any) -> None:
+        """Stock's cache-test idiom (clear on the class, dispatch, read the class's counters) reads alike for both."""
+        with cls():
+            x, y = torch.randn(4, 3), torch.randn(4, 3)
+            cls.cache_clear()
+            x + y
+            x + y
+            info = cls.cache_info()
+        self.assertEqual((info.hits, info.misses), (1, 1))
+
+    def test_class_clear_empties_what_stock_clears(self) -> None:
+        """After a class-level clear an aten op misses even if an earlier mode put its entry in torch's storage."""
+        with tcp.FakeTensorMode():
+            torch.randn(4, 3) + torch.randn(4, 3)
+        mode = tcp.FakeTensorMode()
+        with mode:
+            x, y = torch.randn(4, 3), torch.randn(4, 3)
+            tcp.FakeTensorMode.cache_clear()
+            x + y
+        report = mode.cache_report()[torch.ops.aten.add.Tensor]
+        self.assertEqual((report.hits, report.misses), (0, 1))
+
+    def test_instance_calls_stay_per_instance(self) -> None:
+        """On an instance, cache_info() and cache_clear() see only that mode; torch's counters stay as they were."""
+        before = StockMode.cache_info()
+        a, b = tcp.FakeTensorMode(cache_policy=policy()), tcp.FakeTensorMode(cache_policy=policy())
+        for mode in (a, b):
+            with mode:
+                x = torch.empty(2)
+                plain(x), plain(x)
+        b_hits = b.cache_info().hits
+        a.cache_clear()
+        self.assertEqual((a.cache_info().hits, b.cache_info().hits), (0, b_hits))
+        self.assertEqual(b.cache_report()[plain].hits, 1)
+        self.assertEqual(StockMode.cache_info(), before)
+        total = tcp.FakeTensorMode.cache_info()
+        self.assertGreaterEqual(total.hits, before.hits + 1)
+
+
 class TestHigherOrderOps(FidelityTestCase):
     def test_hop_without_a_rule_raises_as_stock(self) -> None:
         """A higher-order op with no rule for FakeTensorMode raises NotImplementedError, as under stock."""
@@ -710,6 +753,7 @@ class TestKernelSources(TestCase):
 
 instantiate_parametrized_tests(TestRulesForFakeTensorMode)
 instantiate_parametrized_tests(TestCopies)
+instantiate_parametrized_tests(TestCacheApiOnTheClass)
 instantiate_parametrized_tests(TestKernelSources)
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ the storage (:mod:`~torch_cachepolicy.store`) and a hit's output
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
@@ -58,6 +60,7 @@ __all__ = ["CrosscheckError", "FakeTensorMode"]
 
 _StockMode = _ft.FakeTensorMode
 _NO_KWARGS: Mapping[str, object] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # Note [Entering the hit path directly]
 # Stock FakeTensorMode.dispatch, before it calls _cached_dispatch_impl, logs
@@ -96,6 +99,68 @@ _FT_LOG = _ft.log
 REAL_TENSORS = "propagate_real_tensors"
 PROFILED = "a custom-ops profile replaces its fake kernel"
 BACKEND_FALLBACK = "no fake kernel for static inputs (the Meta backend fallback ran)"
+
+
+# Every live policy mode, for the class-level cache_info() and cache_clear()
+# (Note [The cache API on the class]).
+_LIVE_MODES: weakref.WeakSet[FakeTensorMode] = weakref.WeakSet()
+
+
+class _AlsoOnTheClass:
+    """A method that, called on the class instead of an instance, runs ``on_class(cls)``.
+
+    Note [The cache API on the class]
+    torch's ``cache_info()`` and ``cache_clear()`` are classmethods over its
+    class-wide cache and counters; a policy mode's are per instance. Code
+    written for stock calls them on the class (``FakeTensorMode.cache_clear()``
+    in torch's own tests), so on the class they keep stock's meaning for
+    everything a FakeTensorMode caches: ``cache_info()`` adds up torch's
+    class-wide counters (stock modes) and every live policy mode's, and
+    ``cache_clear()`` does what torch's does (the caller asked for it by
+    name: torch's class-wide cache and counters) and clears every live policy
+    mode. Nothing else of the package touches torch's class-wide state.
+    """
+
+    def __init__(self, on_instance: Callable[..., Any], on_class: Callable[..., Any]) -> None:
+        self.__wrapped__ = on_instance
+        self.__doc__ = on_instance.__doc__
+        self._on_class = on_class
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Callable[..., Any]:
+        if obj is None:
+            return functools.partial(self._on_class, objtype)
+        return self.__wrapped__.__get__(obj, objtype)  # type: ignore[no-any-return]
+
+
+def _also_on_the_class(on_class: Callable[..., Any]) -> Callable[[_F], _F]:
+    def wrap(on_instance: _F) -> _F:
+        return cast(_F, _AlsoOnTheClass(on_instance, on_class))
+
+    return wrap
+
+
+def _class_cache_info(cls: type) -> DispatchCacheInfo:
+    stock = _StockMode.cache_info()
+    modes = [m for m in list(_LIVE_MODES) if isinstance(m, cls)]
+    infos = [m.cache_info() for m in modes]
+    bypasses = dict(stock.bypasses)
+    for info in infos:
+        for reason, n in info.bypasses.items():
+            bypasses[reason] = bypasses.get(reason, 0) + n
+    stores = {id(m.cache_store): m.cache_store for m in modes}
+    return DispatchCacheInfo(
+        stock.hits + sum(i.hits for i in infos),
+        stock.misses + sum(i.misses for i in infos),
+        bypasses,
+        stock.size + sum(len(store) for store in stores.values()),
+    )
+
+
+def _class_cache_clear(cls: type) -> None:
+    _StockMode.cache_clear()
+    for mode in list(_LIVE_MODES):
+        if isinstance(mode, cls):
+            mode.cache_clear()
 
 
 class FakeTensorMode(_StockMode):
@@ -154,6 +219,7 @@ class FakeTensorMode(_StockMode):
 
     def _init_transient(self) -> None:
         """The state a copy of the mode starts afresh (Note [Copying a policy mode])."""
+        _LIVE_MODES.add(self)
         self._synced_identity: object = None
         self._partition = Partition()  # replaced by the policy's partition on first dispatch
         self._routes: dict[object, Route] = {}
@@ -227,9 +293,12 @@ class FakeTensorMode(_StockMode):
         return self._cache_store
 
     @override
+    @_also_on_the_class(_class_cache_info)
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
         """Hits, misses and bypasses of this instance; ``size`` counts every entry
-        of its store, which other modes may share."""
+        of its store, which other modes may share. Called on the class, as
+        torch's: the totals of torch's class-wide counters and of every live
+        policy mode (Note [The cache API on the class])."""
         # list()/dict() copy in C, so another thread may read while this mode
         # dispatches without "dictionary changed size during iteration".
         all_stats = list(self._stats.values())
@@ -262,10 +331,13 @@ class FakeTensorMode(_StockMode):
         return out
 
     @override
+    @_also_on_the_class(_class_cache_clear)
     def cache_clear(self) -> None:  # type: ignore[override]
         """Resets this instance's counters and empties its policy's partition
         (shared by modes with equal policies on the same store). torch's
-        storage and other partitions are left alone."""
+        storage and other partitions are left alone. Called on the class, as
+        torch's: clears torch's class-wide cache and counters, and every live
+        policy mode (Note [The cache API on the class])."""
         self._stats = {}
         self._key_stats = KeyStats()
         self._synth.clear()
