@@ -659,7 +659,8 @@ class TestCacheApiOnTheClass(FidelityTestCase):
         a.cache_clear()
         self.assertEqual((a.cache_info().hits, b.cache_info().hits), (0, b_hits))
         self.assertEqual(b.cache_report()[plain].hits, 1)
-        self.assertEqual(StockMode.cache_info(), before)
+        after = StockMode.cache_info()  # its size may grow: aten entries go where a stock mode puts them
+        self.assertEqual((after.hits, after.misses, after.bypasses), (before.hits, before.misses, before.bypasses))
         total = tcp.FakeTensorMode.cache_info()
         self.assertGreaterEqual(total.hits, before.hits + 1)
 
