@@ -276,6 +276,23 @@ class TestFakeTensors(TestCase):
 
         self.assertEqual(data_ptr(ours), data_ptr(theirs))
 
+    def test_a_changed_constructor_is_used_as_is(self) -> None:
+        """On a torch whose FakeTensor constructor takes another step, every hit's tensor is torch's own."""
+        self.assertTrue(synth.FAST_FAKE_TENSORS)  # torch 2.13 / 2.14
+        mode, fakes = tcp.FakeTensorMode(), synth.FakeTensors()
+        fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        made = []
+        real = _ft.FakeTensor
+
+        class Spy(real):  # type: ignore[valid-type,misc]
+            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+                made.append(args)
+                return real(*args, **kwargs)
+
+        with mock.patch.object(synth, "FAST_FAKE_TENSORS", False), mock.patch.object(synth, "FakeTensor", Spy):
+            fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        self.assertEqual(len(made), 1)
+
     def test_debug_config_takes_torch_constructor(self) -> None:
         """With FakeTensorConfig.debug, every tensor is torch's (it records a traceback)."""
         mode = tcp.FakeTensorMode()

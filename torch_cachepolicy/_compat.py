@@ -331,6 +331,13 @@ _INTERNALS: tuple[_Internal, ...] = (
         refers_to=("env_value_force", "user_override", "env_value_default", "justknob", "hide"),
     ),
     _Internal("torch.utils._config_module", "_UNSET_SENTINEL"),
+    # synth.FakeTensors makes a hit's FakeTensor as FakeTensor.__new__ does
+    # (it also compares that constructor's names, Note [A hit's FakeTensor]).
+    _Internal("torch", "Tensor._make_subclass"),
+    _Internal("torch._C", "_set_throw_on_mutable_data_ptr"),
+    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr"),
+    _Internal(_FT, "FakeTensorConfig.debug", check=_is_type(bool)),
+    _Internal(_FT, f"{_MODE}.__init__", refers_to=("_allow_unsafe_data_ptr_access", "allow_meta")),
     # safety.shape_env_state.
     _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", check=_check_shape_env_state),
     _Internal("torch._library.fake_impl", "FakeImplHolder", params=("qualname",), check=_check_fake_impl_holder),

@@ -175,6 +175,34 @@ _fake_init = FakeTensor.__init__
 _fake_config = _ft.FakeTensorConfig
 
 
+def _code_names(fn: Any) -> frozenset[str]:
+    names: set[str] = set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, type(fn.__code__)))
+    return frozenset(names)
+
+
+# The names torch 2.13/2.14's FakeTensor.__new__ uses. FakeTensors.make does
+# what that constructor does for a hit's arguments; a torch whose constructor
+# uses any other name (a new step) keeps its own constructor for every hit.
+_CONSTRUCTOR_NAMES = frozenset(
+    {
+        "AssertionError", "CapturedTraceback", "FakeTensor", "FakeTensorConfig", "FakeTensorMode", "Tensor",
+        "TypeError", "ValueError", "_C", "_FAKE_TENSOR_CONSTRUCTOR_IGNORED_STATE_ATTRS",
+        "_allow_unsafe_data_ptr_access", "_debug_trace", "_is_param", "_make_subclass", "_normalize_fake_device",
+        "_set_throw_on_mutable_data_ptr", "_set_warn_deprecated_on_mutable_data_ptr", "allow_meta", "cast",
+        "constant", "debug", "device", "dict", "dispatch_keys", "extract", "fake_device", "fake_mode",
+        "isinstance", "item_memo", "iter", "nested_int_memo", "next", "nonzero_memo", "object", "pop", "pytype",
+        "real_tensor", "requires_grad", "str", "torch", "type", "unique_consecutive_memo", "unique_memo",
+    }
+)  # fmt: skip
+FAST_FAKE_TENSORS = _code_names(FakeTensor.__new__) == _CONSTRUCTOR_NAMES
+"""Whether :class:`FakeTensors` may make a hit's FakeTensor itself (this torch's constructor is the known one)."""
+
+
 class FakeTensors:
     """Makes the FakeTensors of one mode's hits, as torch's constructor makes them.
 
@@ -192,7 +220,8 @@ class FakeTensors:
     (a torch that sets one) keeps torch's constructor for that device. A
     meta fake device, or FakeTensorConfig.debug, always takes torch's
     constructor. The canary compares the first outputs with torch's, Python
-    attributes included.
+    attributes included, and a torch whose constructor refers to names the
+    known one does not (:data:`FAST_FAKE_TENSORS`) keeps its constructor.
     """
 
     __slots__ = ("_base",)
@@ -204,7 +233,7 @@ class FakeTensors:
     def make(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
         """``FakeTensor(mode, meta, device)``."""
         base = self._base.get(device, _UNSEEN)
-        if base is None or _fake_config.debug:
+        if base is None or _fake_config.debug or not FAST_FAKE_TENSORS:
             return FakeTensor(mode, meta, device)
         if base is _UNSEEN:
             return self._first(mode, meta, device)
