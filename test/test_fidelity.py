@@ -47,6 +47,10 @@ def _plain(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+# A real kernel too: with propagate_real_tensors, stock runs it beside the fake one.
+FID.lib.impl("plain", lambda x: x.clone(), "CPU")
+
+
 @FID.define("ruled(Tensor x) -> Tensor")
 def _ruled(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
