@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Runs in the child: the package from the tree in argv[1], this checkout's benchmarks.
 _CHILD = r"""
 import json, statistics, sys
-batches, calls = int(sys.argv[1]), int(sys.argv[2])
+batches, calls, misses = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 from torch._dispatch.python import enable_python_dispatcher
 import torch_cachepolicy as tcp
 from benchmarks.replay import dialect, hitcost
@@ -72,17 +72,43 @@ for case, backend in cases:
             else:
                 floor_s.append(cpu_per_call(floor))
         assert mode.cache_report()[case.op].hits - before == calls, case.label
-    out[case.label] = {"hit_us": statistics.median(hit_s) * 1e6, "floor_us": statistics.median(floor_s) * 1e6}
+    row = {"hit_us": statistics.median(hit_s) * 1e6, "floor_us": statistics.median(floor_s) * 1e6}
+    if misses:
+        # A miss on its own: each call in a mode (with an isolated store) that has not seen it, against the
+        # same call in a mode with its cache off; modes and inputs are made before the clock starts.
+        def fresh(cache):
+            m = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=namespaces), allow_non_fake_inputs=True,
+                                   cache_store=tcp.CacheStore(isolated=True))
+            m.cache_enabled = cache
+            return m, case.make_args(m)
+        miss_s, uncached_s = [], []
+        for b in range(batches):
+            for cache, sink in ((True, miss_s), (False, uncached_s)):
+                pairs = [fresh(cache) for _ in range(misses)]
+                def run():
+                    for m, a in pairs:
+                        with m:
+                            if backend:
+                                with enable_python_dispatcher():
+                                    case.op(*a)
+                            else:
+                                case.op(*a)
+                with timed(collect=True) as t:
+                    run()
+                sink.append(t.cpu_seconds / misses)
+        row["miss_us"] = statistics.median(miss_s) * 1e6
+        row["uncached_us"] = statistics.median(uncached_s) * 1e6
+    out[case.label] = row
 print(json.dumps(out))
 """
 
 
-def _measure(tree: Path, batches: int, calls: int) -> dict[str, dict[str, float]]:
+def _measure(tree: Path, batches: int, calls: int, misses: int) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(tree / "torch_cachepolicy", Path(tmp) / "torch_cachepolicy")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(batches), str(calls)],
+            [sys.executable, "-c", _CHILD, str(batches), str(calls), str(misses)],
             env=env,
             cwd=tmp,
             capture_output=True,
@@ -100,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6, help="processes per tree, interleaved")
     p.add_argument("--batches", type=int, default=9, help="timed batches per op and process")
     p.add_argument("--calls", type=int, default=200, help="calls per batch")
+    p.add_argument("--misses", type=int, default=0, help="also time misses: calls per batch (0: hits only)")
     p.add_argument("--json", type=Path, help="write the raw samples here")
     args = p.parse_args(argv)
     trees = [t.resolve() for t in args.trees]
@@ -107,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in range(args.rounds):
         order = trees if r % 2 == 0 else trees[::-1]
         for tree in order:
-            samples[str(tree)].append(_measure(tree, args.batches, args.calls))
+            samples[str(tree)].append(_measure(tree, args.batches, args.calls, args.misses))
         print(f"[round {r + 1}/{args.rounds}]", file=sys.stderr, flush=True)
     ops = list(samples[str(trees[0])][0])
     ref = str(trees[0])
@@ -127,6 +154,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in trees[1:]:
             ratios.append(f"{med[str(t)] / med[ref]:.3f}")
         print(f"| {op} | " + " | ".join(cells) + "".join(f" | {r}" for r in ratios) + " |")
+    if args.misses:
+        print()
+        print("| op | " + " | ".join(f"{t.name} miss us (miss/uncached)" for t in trees)
+              + "".join(f" | {t.name}/{trees[0].name}" for t in trees[1:]) + " |")
+        print("|" + " --- |" * (1 + 2 * len(trees) - 1))
+        for op in ops:
+            miss_cells: list[str] = []
+            norms: dict[str, float] = {}
+            for t in trees:
+                rows = samples[str(t)]
+                miss = statistics.median(s[op]["miss_us"] for s in rows)
+                norms[str(t)] = statistics.median(s[op]["miss_us"] / s[op]["uncached_us"] for s in rows)
+                miss_cells.append(f"{miss:.1f} ({norms[str(t)]:.2f})")
+            miss_ratios = "".join(f" | {norms[str(t)] / norms[ref]:.3f}" for t in trees[1:])
+            print(f"| {op} | " + " | ".join(miss_cells) + miss_ratios + " |")
     if args.json:
         args.json.write_text(json.dumps(samples, indent=1))
     return 0

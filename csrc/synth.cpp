@@ -128,6 +128,65 @@ py::object meta_view_of(
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
+// Note [Symbolic hits from a template]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A hit of a symbolic entry costs torch a symbolic empty_strided: the storage
+// size and, later, the contiguity flags are computed with SymInt arithmetic,
+// each operation a sympy expression built in Python. For equal keys the
+// output's expressions are equal (a key holds its inputs' expressions, and an
+// entry's output sizes are those inputs' SymInts or fixed expressions), so
+// the output of one synthesis serves as a template for the rest:
+// meta_template makes a plain meta tensor with the template's sizes,
+// strides, offset and storage size; meta_fresh_like makes each hit's tensor
+// by copying that metadata onto a fresh meta storage of the same size. No
+// SymInt arithmetic runs on a hit. The derived fields (numel, contiguity) are
+// left to be computed when asked, as on torch's synthesis: computing one may
+// add a guard, and an early guard would be one an uncached run never adds.
+
+at::Tensor checked_meta(const py::handle& obj, const std::string& api) {
+  if (!THPVariable_Check(obj.ptr())) {
+    throw py::type_error(api + ": expected a Tensor");
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!t.has_storage() || t.storage().device_type() != c10::DeviceType::Meta || t.layout() != c10::kStrided) {
+    throw py::value_error(api + ": expected a strided tensor with a meta storage (a FakeTensor)");
+  }
+  return t;
+}
+
+c10::Storage fresh_meta_storage(const c10::SymInt& nbytes) {
+  return c10::Storage(
+      c10::Storage::use_byte_size_t(), nbytes, c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+}
+
+py::object meta_template(const py::handle& source) {
+  const at::Tensor src = checked_meta(source, "meta_template(...)");
+  const c10::TensorImpl* impl = src.unsafeGetTensorImpl();
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      fresh_meta_storage(impl->storage().sym_nbytes()),
+      c10::DispatchKeySet(c10::DispatchKey::Meta),
+      src.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(
+      impl->sym_sizes(), impl->sym_strides(), impl->sym_storage_offset());
+  // The derived fields (numel, contiguity) stay uncomputed, as on the tensor
+  // torch's synthesis makes: computing one may guard (a size compared with
+  // 1), and the guard belongs to whoever asks first, as under stock.
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+}
+
+py::object meta_fresh_like(const py::handle& templ, bool requires_grad) {
+  const at::Tensor src = checked_meta(templ, "meta_fresh_like(...)");
+  c10::intrusive_ptr<c10::TensorImpl> impl = src.unsafeGetTensorImpl()->shallow_copy_and_detach(
+      /*version_counter=*/c10::VariableVersion(/*version=*/0),
+      /*allow_tensor_metadata_change=*/true);
+  impl->set_storage_keep_dtype(fresh_meta_storage(src.unsafeGetTensorImpl()->storage().sym_nbytes()));
+  at::Tensor t(std::move(impl));
+  if (requires_grad) {
+    t.set_requires_grad(true);
+  }
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+}
+
 } // namespace
 
 void init_synth(py::module& m) {
@@ -152,6 +211,20 @@ void init_synth(py::module& m) {
       "A meta tensor of dtype on base's storage with this shape, stride and\n"
       "offset, as torch's synthesis of a view op's hit leaves it before\n"
       "FakeTensor wraps it (empty_strided then set_), without dispatch.");
+  m.def(
+      "meta_template",
+      &meta_template,
+      py::arg("source"),
+      "A plain meta tensor with source's (symbolic) sizes, strides, offset and\n"
+      "storage size, its derived fields computed. See Note [Symbolic hits\n"
+      "from a template].");
+  m.def(
+      "meta_fresh_like",
+      &meta_fresh_like,
+      py::arg("template"),
+      py::arg("requires_grad"),
+      "A new meta tensor with template's metadata (derived fields included)\n"
+      "on a fresh meta storage of the same size, without dispatch.");
 }
 
 } // namespace torch_cachepolicy

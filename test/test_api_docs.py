@@ -55,6 +55,7 @@ def is_api_member(cls: type, name: str, raw: object) -> bool:
         return bool(docstring(raw))
     if isinstance(raw, (classmethod, staticmethod)):
         return bool(docstring(raw.__func__))
+    raw = getattr(raw, "__wrapped__", raw)
     return inspect.isfunction(raw) and bool(docstring(raw))
 
 
@@ -92,10 +93,13 @@ def expected_block(dotted: str) -> str:
         if raw.fset is not None:
             lines.append("setter" + str(inspect.signature(raw.fset)))
         return _with_doc(lines, raw)
-    func = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    func = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else getattr(raw, "__wrapped__", raw)
     if not callable(func):
         raise AssertionError(f"docs/api.md documents {dotted}, which is neither a method nor a property")
-    return _with_doc([dotted + str(inspect.signature(getattr(obj, member)))], func)
+    # A method also callable on the class (mode._AlsoOnTheClass) is documented by its instance method.
+    also_on_class = hasattr(raw, "__wrapped__") and not isinstance(raw, (classmethod, staticmethod))
+    signed = func if also_on_class else getattr(obj, member)
+    return _with_doc([dotted + str(inspect.signature(signed))], func)
 
 
 def _with_doc(lines: list[str], obj: object) -> str:

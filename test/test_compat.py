@@ -71,6 +71,8 @@ def _init_without_crosscheck(self: Any, *, allow_fallback_kernels: bool = True, 
     self.fake_tensor_converter = None
     self.shape_env = shape_env
     self._allow_unsafe_data_ptr_access = False
+    self.allow_fallback_kernels = allow_fallback_kernels
+    self.propagate_real_tensors = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +334,8 @@ def private_torch_references() -> set[str]:
     are not visible to a scan; _INTERNALS covers them by fields and behaviour.
     """
     refs: set[str] = set()
-    stock = set(dir(ft.FakeTensorMode))
+    # object's own methods (__getstate__, ...) are Python's, not torch's.
+    stock = set(dir(ft.FakeTensorMode)) - set(dir(object))
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "_compat.py":
             continue

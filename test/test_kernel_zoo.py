@@ -59,6 +59,8 @@ class CallDescription:
     structure: str
     outputs: tuple[object, ...]
     inputs_after: tuple[object, ...]
+    # The symbols the call created in the ShapeEnv of its inputs' mode (see _symbols_created).
+    shape_env_delta: tuple[int, ...] = ()
     message: str = field(default="", compare=False)
 
 
@@ -112,7 +114,27 @@ class World:
             # warning .grad gives on non-leaves.
             "grad": None if t._grad is None else (t._grad.dtype, tuple(syms.int_like(v) for v in t._grad.shape)),
             "attributes": _attributes(t),
+            "version": _version(t),
+            "hooks": (len(t._backward_hooks or {}), len(getattr(t, "_post_accumulate_grad_hooks", None) or {})),
         }
+
+
+def _symbols_created(shape_env: ShapeEnv | None) -> tuple[int, ...]:
+    """How many symbols ``shape_env`` has made: an uncached call makes its kernel's every time.
+
+    Facts (guards, replacements) are left out: both worlds share one ShapeEnv, so the second call to need a fact
+    finds it there already, and a hit never needs to add one the entry's miss added.
+    """
+    if shape_env is None:
+        return ()
+    return (len(shape_env.var_to_range), shape_env.unbacked_symint_counter, shape_env.unbacked_symfloat_counter)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
 
 
 # What every FakeTensor carries in its __dict__; the memos (unbacked sizes an op such as nonzero found for the
@@ -198,6 +220,8 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     leaves = pytree.tree_leaves((args, kwargs))
     inputs = [a for a in leaves if isinstance(a, torch.Tensor)]
     input_symbols = _symbols_of(leaves)
+    shape_env = next((a.fake_mode.shape_env for a in inputs if isinstance(a, FakeTensor)), None)
+    env_before = _symbols_created(shape_env)
     for a in inputs:
         storage = a.untyped_storage()
         world.objects(id(a), a)
@@ -214,11 +238,13 @@ def describe_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     out_leaves, spec = pytree.tree_flatten(_plain(out))
     outputs = tuple(_leaf(o, world, syms) for o in out_leaves)
     syms.commit()
+    env_after = _symbols_created(shape_env)
     return CallDescription(
         raised=None if raised is None else f"{type(raised).__module__}.{type(raised).__qualname__}",
         structure=str(spec),
         outputs=outputs,
         inputs_after=inputs_after,
+        shape_env_delta=tuple(a - b for a, b in zip(env_after, env_before, strict=True)),
         message="" if raised is None else f"{type(raised).__name__}: {raised}".splitlines()[0][:300],
     )
 
@@ -263,6 +289,8 @@ def dispatch_difference(cached: CallDescription, uncached: CallDescription) -> s
         return f"cached call {got}; uncached call {want}"
     if cached.structure != uncached.structure:
         return f"output structure: cached {cached.structure}, uncached {uncached.structure}"
+    if cached.shape_env_delta != uncached.shape_env_delta:
+        return f"symbols created: {cached.shape_env_delta} (cached), {uncached.shape_env_delta} (uncached)"
     for name in ("outputs", "inputs_after"):
         why = _first_difference(name, getattr(cached, name), getattr(uncached, name))
         if why:
@@ -305,7 +333,7 @@ class ZooTestCase(TestCase):
             mode = tcp.FakeTensorMode(
                 cache_policy=case.policy(),
                 cache_crosscheck=crosscheck,
-                shape_env=ShapeEnv() if case.symbolic else None,
+                shape_env=ShapeEnv() if case.symbolic or case.shape_env else None,
             )
             if not cache:
                 mode.cache_enabled = False

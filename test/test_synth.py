@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import unittest
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 from unittest import mock
@@ -19,6 +20,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
+    set_warn_always_context,
     subtest,
 )
 
@@ -199,17 +201,34 @@ class TestSynthParity(TestCase):
         """Outputs with conj or neg bits are left to torch's synthesis."""
         self.check(*case, plain=False)
 
-    def test_symbolic_entries_use_torch(self) -> None:
-        """Entries with symbolic sizes are left to torch (its SymInt stubs name the inputs' symbols)."""
-        mode = _ParityMode(shape_env=ShapeEnv())
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-        x = mode.from_tensor(_t(4, 3), symbolic_context=ctx)
-        with mode:
-            aten.relu.default(x)
-            out = aten.relu.default(x)
-        self.assertEqual(mode.cache_info().hits, 1)
-        self.assertBuiltAlike(mode, aten.relu.default, plain=False)
-        self.assertEqual(out.shape[0].node.expr, x.shape[0].node.expr)
+    @parametrize(
+        "op, make_args",
+        [
+            subtest((aten.relu.default, lambda x: (x,)), name="aten_relu"),
+            subtest((qd.quantize_per_tensor.default, lambda x: (x, 0.1, 0, -128, 127, torch.int8)), name="backend"),
+            subtest((torch.ops.tcp_test.pair.default, lambda x: (x,)), name="backend_tuple"),
+            subtest((torch.ops.tcp_test.grad_out.default, lambda x: (x,)), name="requires_grad"),
+            subtest((aten.view.default, lambda x: (x, [-1])), name="view_uses_torch"),
+        ],
+    )
+    def test_symbolic_entries(self, op: Any, make_args: Callable[[Any], tuple[Any, ...]]) -> None:
+        """Entries with symbolic sizes are built from a template of torch's first synthesis, alike torch's, and
+        add no guard an uncached run would not (views stay with torch)."""
+        guards = []
+        for cache in (True, False):
+            mode = _ParityMode(shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+            x = mode.from_tensor(_t(4, 3), symbolic_context=ctx)
+            with mode:
+                outs = [op(*make_args(x)) for _ in range(3)]
+            guards.append([str(g.expr) for g in mode.shape_env.guards])
+            if cache:
+                self.assertEqual(mode.cache_report()[op].hits, 2)
+                self.assertBuiltAlike(mode, op, plain=op is not aten.view.default)
+                first = pytree.tree_leaves(outs[-1])[0]
+                self.assertIn(str(x.shape[0].node.expr), str(first.shape[0].node.expr))
+        self.assertEqual(guards[0], guards[1])
 
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""
@@ -222,6 +241,66 @@ class TestSynthParity(TestCase):
         self.assertTrue(out.requires_grad)
         self.assertTrue(out.is_leaf)
         self.assertBuiltAlike(mode, torch.ops.tcp_test.grad_out.default, plain=True)
+
+
+@instantiate_parametrized_tests
+class TestFakeTensors(TestCase):
+    @parametrize("unsafe_data_ptr", [False, True])
+    @parametrize("requires_grad", [False, True])
+    def test_made_as_torch_makes_them(self, unsafe_data_ptr: bool, requires_grad: bool) -> None:
+        """FakeTensors.make gives what torch's constructor gives: attributes, keys, grad, the data_ptr guard."""
+        mode = tcp.FakeTensorMode()
+        mode._allow_unsafe_data_ptr_access = unsafe_data_ptr
+        fakes = synth.FakeTensors()
+        device = torch.device("cpu")
+
+        def meta() -> torch.Tensor:
+            return torch.empty(2, 3, device="meta", requires_grad=requires_grad)
+
+        first = fakes.make(mode, meta(), device)  # torch's own, teaching the attributes
+        ours, theirs = fakes.make(mode, meta(), device), _ft.FakeTensor(mode, meta(), device)
+        for t in (first, ours):
+            self.assertEqual(vars(t), vars(theirs))
+            self.assertEqual(torch._C._dispatch_keys(t), torch._C._dispatch_keys(theirs))
+            self.assertEqual((t.requires_grad, t.is_leaf, t.device, type(t)), (theirs.requires_grad, theirs.is_leaf, theirs.device, type(theirs)))
+
+        def data_ptr(t: torch.Tensor) -> str:
+            # TORCH_WARN_ONCE would warn for whichever tensor asks first.
+            with warnings.catch_warnings(record=True) as caught, set_warn_always_context(True):
+                warnings.simplefilter("always")
+                try:
+                    t.data_ptr()
+                except RuntimeError as e:
+                    return f"raised {str(e)[:40]}"
+            return f"warned {len(caught)}"
+
+        self.assertEqual(data_ptr(ours), data_ptr(theirs))
+
+    def test_a_changed_constructor_is_used_as_is(self) -> None:
+        """On a torch whose FakeTensor constructor takes another step, every hit's tensor is torch's own."""
+        self.assertTrue(synth.FAST_FAKE_TENSORS)  # torch 2.13 / 2.14
+        mode, fakes = tcp.FakeTensorMode(), synth.FakeTensors()
+        fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        made = []
+        real = _ft.FakeTensor
+
+        class Spy(real):  # type: ignore[valid-type,misc]
+            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+                made.append(args)
+                return real(*args, **kwargs)
+
+        with mock.patch.object(synth, "FAST_FAKE_TENSORS", False), mock.patch.object(synth, "FakeTensor", Spy):
+            fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        self.assertEqual(len(made), 1)
+
+    def test_debug_config_takes_torch_constructor(self) -> None:
+        """With FakeTensorConfig.debug, every tensor is torch's (it records a traceback)."""
+        mode = tcp.FakeTensorMode()
+        fakes = synth.FakeTensors()
+        fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        with mock.patch.object(_ft.FakeTensorConfig, "debug", True):
+            t = fakes.make(mode, torch.empty(2, device="meta"), torch.device("cpu"))
+        self.assertIn("_debug_trace", vars(t))
 
 
 class TestSynthHits(TestCase):

@@ -111,6 +111,7 @@ class ZooCase:
         target: what is called; ``op`` unless a HOP wraps it.
         policy: makes the run's policy.
         symbolic: give the mode a ShapeEnv (``env.s0``/``env.s1`` become symbols).
+        shape_env: give the mode a ShapeEnv, the inputs staying static.
         actions: ``{i: f}``: ``f()`` runs before call ``i`` (swap a kernel, change ambient state).
         reset: runs before and after each run: puts registrations and globals back.
         min_hits: a control: at least this many calls must be served from the cache.
@@ -127,6 +128,7 @@ class ZooCase:
     target: Callable[..., Any] | None = None
     policy: Callable[[], tcp.CachePolicy] = default_policy
     symbolic: bool = False
+    shape_env: bool = False
     actions: dict[int, Callable[[], None]] = field(default_factory=dict)
     reset: Callable[[], None] | None = None
     min_hits: int = 0
@@ -1489,6 +1491,191 @@ case(
     steps="FSSFS",
     actions={2: _learn_s0},
     reset=_ENVS.clear,
+)
+
+
+# ------------------------- 9. what stock's dispatch consults, and what a kernel can touch (issue 19)
+# Note [The kernel in effect]: rules for the FakeTensorMode class, the Python dispatcher's choice of py_impl
+# kernels, register_op_impl implementations; and side effects a hit would skip (version counters, hooks, the
+# ShapeEnv), and arguments the key holds by identity.
+
+
+@zoo_op("bump_input_version(Tensor x) -> Tensor")
+def _bump_input_version(x: torch.Tensor) -> torch.Tensor:
+    torch.autograd.graph.increment_version(x)
+    return x.new_empty(x.shape)
+
+
+@zoo_op("bump_output_version(Tensor x) -> Tensor")
+def _bump_output_version(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(x.shape)
+    torch.autograd.graph.increment_version(out)
+    return out
+
+
+@zoo_op("hook_input(Tensor x) -> Tensor")
+def _hook_input(x: torch.Tensor) -> torch.Tensor:
+    if x.requires_grad:
+        x.register_hook(lambda grad: grad)
+    return x.new_empty(x.shape)
+
+
+@zoo_op("discarded_symbol(Tensor x) -> Tensor")
+def _discarded_symbol(x: torch.Tensor) -> torch.Tensor:
+    torch.library.get_ctx().new_dynamic_size()
+    return x.new_empty(x.shape)
+
+
+@zoo_op("checks_size(Tensor x, SymInt n) -> Tensor")
+def _checks_size(x: torch.Tensor, n: Any) -> torch.Tensor:
+    torch._check(n >= 2)  # on a backed symbol: a fact for the ShapeEnv
+    return x.new_empty(n)
+
+
+@zoo_op("generator_arg(Tensor x, Generator? g) -> Tensor")
+def _generator_arg(x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+    return x.new_empty(1 + (0 if g is None else g.initial_seed() % 3))
+
+
+_GENERATOR = torch.Generator()
+
+
+def _reseed(seed: int) -> Callable[[], None]:
+    return lambda: _GENERATOR.manual_seed(seed)
+
+
+@zoo_op("ruled_later(Tensor x) -> Tensor")
+def _ruled_later(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+_RULE_LIBS: list[torch.library.Library] = []
+
+
+def _add_rule() -> None:
+    rule_lib = torch.library.Library(NS, "FRAGMENT")
+    _RULE_LIBS.append(rule_lib)
+    torch.library.register_torch_dispatch(
+        op("ruled_later"),
+        torch._subclasses.fake_tensor.FakeTensorMode,
+        lambda mode, func, types, args, kwargs: args[0].new_empty(3, dtype=torch.int8),
+        lib=rule_lib,
+    )
+
+
+def _drop_rules() -> None:
+    while _RULE_LIBS:
+        _RULE_LIBS.pop()._destroy()
+
+
+@zoo_op("calls_ruled(Tensor x) -> Tensor")
+def _calls_ruled(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.tcp_zoo.ruled_later(x).new_empty(2, 2)
+
+
+lib.define("py_meta(Tensor x) -> Tensor")
+lib.impl("py_meta", ZOO_OPS.counted("py_meta", lambda x: x.new_empty(x.shape)), "Meta")
+op("py_meta").py_impl(torch._C.DispatchKey.Meta)(
+    ZOO_OPS.counted("py_meta", lambda x: x.new_empty(x.shape, dtype=torch.float64))
+)
+_DISPATCHER = {"on": False}
+
+
+def _python_dispatcher(on: bool) -> Callable[[], None]:
+    return lambda: _DISPATCHER.update(on=on)
+
+
+def _call_py_meta(x: torch.Tensor) -> torch.Tensor:
+    if _DISPATCHER["on"]:
+        with enable_python_dispatcher():
+            return op("py_meta")(x)
+    return op("py_meta")(x)
+
+
+case("bump_input_version", 4, x1, "moves its input's version counter (torch.autograd.graph.increment_version)")
+case("bump_output_version", 1, x1, "moves its fresh output's version counter")
+case(
+    "hook_input",
+    4,
+    lambda env, i: Call((t(env.s0, requires_grad=True),)),
+    "registers a backward hook on its input",
+)
+case("discarded_symbol", 8, x1, "creates an unbacked symbol from static inputs and drops it", shape_env=True)
+case(
+    "discarded_symbol_symbolic",
+    8,
+    x1,
+    "creates an unbacked symbol and drops it, its inputs holding symbols",
+    op=op("discarded_symbol"),
+    symbolic=True,
+)
+
+
+@zoo_op("appends_to_attribute(Tensor x) -> Tensor")
+def _appends_to_attribute(x: torch.Tensor) -> torch.Tensor:
+    log = getattr(x, "log", None)
+    if log is not None:
+        log.append(len(log))
+    return x.new_empty(x.shape)
+
+
+def _with_log(env: Env, i: int) -> Call:
+    x = t(env.s0)
+    x.log = []  # type: ignore[attr-defined]
+    return Call((x,))
+
+
+case(
+    "appends_to_attribute",
+    4,
+    _with_log,
+    "appends to a list kept as an attribute of its input",
+    steps="FSSFS",
+)
+case(
+    "checks_size",
+    8,
+    lambda env, i: Call((t(2), env.s0)),
+    "torch._check on a size argument: a fact the ShapeEnv learns on the first call",
+    symbolic=True,
+)
+case(
+    "generator_arg",
+    3,
+    lambda env, i: Call((t(2), _GENERATOR)),
+    "reads its Generator argument's seed, which changes between calls on the same Generator",
+    steps="FSSSF",
+    actions={0: _reseed(1), 2: _reseed(2), 4: _reseed(4)},
+    reset=_reseed(0),
+)
+case(
+    "ruled_later",
+    5,
+    x1,
+    "gets a register_torch_dispatch rule for FakeTensorMode after its first calls",
+    steps="FSFSF",
+    actions={2: _add_rule},
+    reset=_drop_rules,
+)
+case(
+    "calls_ruled",
+    6,
+    x1,
+    "calls an op that gets a rule for FakeTensorMode after the first calls, and loses it again",
+    steps="FSFSFS",
+    actions={2: _add_rule, 4: _drop_rules},
+    reset=_drop_rules,
+)
+case(
+    "py_meta",
+    5,
+    x1,
+    "has a py_impl(Meta) kernel the Python dispatcher prefers to its Meta kernel; the dispatcher goes on and off",
+    target=_call_py_meta,
+    steps="FSFSFS",
+    actions={0: _python_dispatcher(True), 2: _python_dispatcher(False), 4: _python_dispatcher(True)},
+    reset=_python_dispatcher(False),
+    min_hits=2,
 )
 
 

@@ -38,6 +38,7 @@ from torch._subclasses import fake_tensor as _ft
 __all__ = [
     "SUPPORTED_TORCH",
     "TESTED_TORCH",
+    "UnlistedKernelSourceWarning",
     "UntestedTorchWarning",
     "check_torch_internals",
     "is_fake_tensor",
@@ -175,6 +176,34 @@ def _check_redirect_to_mode(fn: Any) -> str | None:
     return None
 
 
+def _returns_mapping(fn: Any) -> str | None:
+    return _is_type(Mapping)(fn())
+
+
+def _check_profile_entry(config: Any) -> str | None:
+    # routes.custom_ops_profile reads this entry's env override, user
+    # override, env default and default, in the config module's order; an
+    # alias, a justknob or hiding would add steps it does not take.
+    entry = config.get("_custom_ops_profile")
+    if entry is None:
+        return "has no _custom_ops_profile entry"
+    if entry.alias is not None or entry.justknob is not None or entry.hide:
+        return "reads _custom_ops_profile through an alias, a justknob or hides it"
+    if not callable(getattr(entry.user_override, "get", None)):
+        return "keeps the user override of _custom_ops_profile otherwise than in a ContextVar"
+    return None
+
+
+def _check_shape_env_state(cls: Any) -> str | None:
+    from torch_cachepolicy.safety import shape_env_state
+
+    try:
+        before = shape_env_state(cls())
+    except AttributeError as e:
+        return f"instances lack an attribute safety.shape_env_state reads ({e})"
+    return None if all(isinstance(v, int) for v in before) else "has a non-int counter or size"
+
+
 def _check_python_key_table(cls: Any) -> str | None:
     # Every operator, HOPs included, has one (read by mode.dispatch).
     return _is_type(dict)(cls().python_key_table)
@@ -192,6 +221,8 @@ _INTERNALS: tuple[_Internal, ...] = (
         params=("self",),
         keywords=("allow_fallback_kernels", "allow_non_fake_inputs", "shape_env", "static_shapes", "export"),
         refers_to=(
+            "allow_fallback_kernels",
+            "propagate_real_tensors",
             "cache_enabled",
             "cache_crosscheck_enabled",
             "fake_tensor_converter",
@@ -261,7 +292,54 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._library.simple_registry", "singleton"),
     _Internal("torch._library.simple_registry", "SimpleLibraryRegistry.find", params=("self", "qualname")),
     _Internal("torch._library.simple_registry", "SimpleLibraryRegistry.get", params=("self", "qualname")),
-    _Internal("torch._library.simple_registry", "SimpleOperatorEntry.__init__", refers_to=("fake_impl",)),
+    _Internal(
+        "torch._library.simple_registry",
+        "SimpleOperatorEntry.__init__",
+        refers_to=("fake_impl", "torch_dispatch_rules"),
+    ),
+    # Rules for the FakeTensorMode class (Note [Rules for the FakeTensorMode class]).
+    _Internal(
+        "torch._library.simple_registry",
+        "GenericTorchDispatchRuleHolder.find",
+        params=("self", "torch_dispatch_class"),
+        refers_to=("_data",),
+    ),
+    # routes keep the holder's dict: register and deregister change it in place.
+    _Internal(
+        "torch._library.simple_registry",
+        "GenericTorchDispatchRuleHolder.register",
+        params=("self", "torch_dispatch_class", "func"),
+        refers_to=("_data",),
+    ),
+    _Internal(
+        "torch._library.simple_registry",
+        "find_torch_dispatch_rule",
+        params=("op", "torch_dispatch_class"),
+        refers_to=("torch_dispatch_rules", "__qualname__"),
+    ),
+    # Sources routes.kernel_sub watches (Note [The kernel in effect]).
+    _Internal("torch._subclasses.fake_impls", "op_implementations_checks", check=_is_type(list)),
+    _Internal("torch._subclasses.fake_impls", "op_implementations_dict", check=_is_type(dict)),
+    _Internal("torch._subclasses.fake_impls", "get_fast_op_impls", params=(), check=_returns_mapping),
+    _Internal(_FT, f"{_MODE}.can_run_unsafe_fallback", params=("self", "func")),
+    _Internal(_FT, f"{_MODE}._can_run_unsafe_fallback_allowed_namespaces"),
+    # routes.custom_ops_profile reads the config entry as the config module does.
+    _Internal("torch._dynamo.config", "_config", check=_check_profile_entry),
+    _Internal(
+        "torch.utils._config_module",
+        "ConfigModule.__getattr__",
+        refers_to=("env_value_force", "user_override", "env_value_default", "justknob", "hide"),
+    ),
+    _Internal("torch.utils._config_module", "_UNSET_SENTINEL"),
+    # synth.FakeTensors makes a hit's FakeTensor as FakeTensor.__new__ does
+    # (it also compares that constructor's names, Note [A hit's FakeTensor]).
+    _Internal("torch", "Tensor._make_subclass"),
+    _Internal("torch._C", "_set_throw_on_mutable_data_ptr"),
+    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr"),
+    _Internal(_FT, "FakeTensorConfig.debug", check=_is_type(bool)),
+    _Internal(_FT, f"{_MODE}.__init__", refers_to=("_allow_unsafe_data_ptr_access", "allow_meta")),
+    # safety.shape_env_state.
+    _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", check=_check_shape_env_state),
     _Internal("torch._library.fake_impl", "FakeImplHolder", params=("qualname",), check=_check_fake_impl_holder),
     _Internal("torch._library.utils", "Kernel", fields=("func",)),
     _Internal("torch._library.utils", "is_builtin", params=("op",)),
@@ -407,6 +485,7 @@ def check_torch_internals(version: str | None = None) -> None:
                 f"torch_cachepolicy: torch {version} changed a private internal this package builds on: "
                 f"{internal.name} {problem}. {_ADVICE}"
             )
+    _check_kernel_sources(version)
     minor = _torch_minor(version)
     if minor is None or not _LOWER <= minor < _UPPER:
         warnings.warn(
@@ -416,6 +495,27 @@ def check_torch_internals(version: str | None = None) -> None:
             "relying on it.",
             UntestedTorchWarning,
             stacklevel=3,
+        )
+
+
+class UnlistedKernelSourceWarning(UserWarning):
+    """This torch's fake dispatch consults a source the package does not list; backend ops go uncached."""
+
+
+def _check_kernel_sources(version: str) -> None:
+    # See Note [The kernel in effect] (kernels.py).
+    from torch_cachepolicy import kernels
+
+    unlisted = kernels.unlisted_names()
+    kernels.distrust(unlisted)
+    if unlisted:
+        where = "; ".join(f"{name}: {', '.join(found)}" for name, found in sorted(unlisted.items()))
+        warnings.warn(
+            f"torch_cachepolicy: the fake dispatch of torch {version} consults names this package's list of "
+            f"kernel sources does not know ({where}). Backend and higher-order operators are not cached "
+            f"(each bypass says why) until the package knows them. {_ADVICE}",
+            UnlistedKernelSourceWarning,
+            stacklevel=4,
         )
 
 

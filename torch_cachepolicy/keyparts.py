@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKe
 
 from torch_cachepolicy import native
 
-__all__ = ["GENERIC_SLOTS", "ArgSlots", "extend_key"]
+__all__ = ["GENERIC_SLOTS", "VISIBLE_TYPES", "ArgSlots", "check_visible", "extend_key"]
 
 # An argument's position in ``args`` and its name in ``kwargs``.
 _Slot = tuple[int, str]
@@ -84,14 +84,43 @@ def _can_hold_tensor(t: torch._C.JitType) -> bool:
     )
 
 
+# Schema types whose values torch's key sees completely: plain values,
+# tensors (their metadata) and symbolic ints, in lists, tuples, dicts and
+# optionals. Anything else (Any, a torchbind class, Generator, Stream,
+# Storage, a type variable) may carry an object the key holds by identity.
+_VISIBLE_SCHEMA_TYPES = (
+    torch.IntType,
+    torch.FloatType,
+    torch.BoolType,
+    torch.StringType,
+    torch.NumberType,
+    torch.ComplexType,
+    torch.TensorType,
+    torch.SymIntType,
+    torch.SymBoolType,
+    torch.DeviceObjType,
+    torch.NoneType,
+)
+
+
+def _visible_schema_type(t: torch._C.JitType) -> bool:
+    if isinstance(t, (torch.OptionalType, torch.ListType)):
+        return _visible_schema_type(t.getElementType())
+    if isinstance(t, torch.TupleType):
+        return all(_visible_schema_type(e) for e in t.elements())
+    if isinstance(t, torch.DictType):
+        return _visible_schema_type(t.getKeyType()) and _visible_schema_type(t.getValueType())
+    return isinstance(t, _VISIBLE_SCHEMA_TYPES)
+
+
 class ArgSlots:
-    """The arguments of one operator that can hold a float or a tensor.
+    """The arguments of one operator that can hold a float, a tensor or an opaque object.
 
     ``ArgSlots(op)`` reads them off the schema; :data:`GENERIC_SLOTS` stands
     for every argument, for callers without a schema (higher-order ops).
     """
 
-    __slots__ = ("floats", "generic", "single_tensor", "tensors")
+    __slots__ = ("floats", "generic", "opaque", "single_tensor", "tensors")
 
     def __init__(self, op: OpOverload | None) -> None:
         self.generic = op is None
@@ -105,6 +134,11 @@ class ArgSlots:
         # One plain Tensor argument: nothing it could share storage with.
         self.single_tensor = len(self.tensors) == 1 and isinstance(
             arguments[self.tensors[0][0]].type, torch.TensorType
+        )
+        # Arguments whose value the key may hold without seeing its content
+        # (Note [Arguments the key cannot see]); HOPs keep torch's treatment.
+        self.opaque: tuple[_Slot, ...] = tuple(
+            (i, a.name) for i, a in enumerate(arguments) if not _visible_schema_type(a.type)
         )
 
 
@@ -129,6 +163,62 @@ def _values(
         elif name in kwargs:
             out.append((i, kwargs[name]))
     return out
+
+
+VISIBLE_TYPES: frozenset[type] = frozenset(
+    {int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
+"""Exact types of the values whose whole content torch's key holds (``(type, value)``)."""
+
+_CONTAINERS = (list, tuple, dict)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def check_visible(
+    slots: ArgSlots, immutable: frozenset[type], args: Sequence[object], kwargs: Mapping[str, object]
+) -> None:
+    """Bypasses unless every value in the opaque slots is one whose content the key sees.
+
+    Note [Arguments the key cannot see]
+    torch's key turns an argument it does not know into ``(type(value),
+    value)``: an object hashed and compared by identity (a torchbind
+    object, a FakeScriptObject, a Generator, any Python object passed
+    through an ``Any`` argument) is then keyed by *which* object it is, not
+    by what it holds. A fake kernel that reads its state would be replayed
+    after the state changed. Such arguments (only possible in schema slots
+    of an opaque type, found once per operator) bypass, unless their type
+    is declared immutable by the policy (``CachePolicy(immutable_types=...)``),
+    whose author then vouches that equal keys mean equal content.
+
+    Raises:
+        _BypassDispatchCache: naming the type and the fix.
+    """
+    n = len(args)
+    for i, name in slots.opaque:
+        value = args[i] if i < n else kwargs.get(name)
+        culprit = _hidden(value, immutable)
+        if culprit is not None:
+            raise _BypassDispatchCache(
+                f"argument of type {culprit.__qualname__} whose content the key cannot see "
+                "(CachePolicy(immutable_types=[...]) declares it immutable)"
+            )
+
+
+def _hidden(value: object, immutable: frozenset[type]) -> type | None:
+    """The type of the first value in ``value`` whose content the key cannot see, or None."""
+    tp = type(value)
+    if tp in VISIBLE_TYPES or isinstance(value, (torch.Tensor, *_SYMBOLIC)):
+        return None
+    if isinstance(value, _CONTAINERS):
+        items = (*value.keys(), *value.values()) if isinstance(value, dict) else value
+        for item in items:
+            found = _hidden(item, immutable)
+            if found is not None:
+                return found
+        return None
+    if immutable and isinstance(value, tuple(immutable)):
+        return None
+    return tp
 
 
 def _float_marks(value: object, path: tuple[object, ...], out: list[object]) -> None:

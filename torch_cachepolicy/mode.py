@@ -12,9 +12,12 @@ the storage (:mod:`~torch_cachepolicy.store`) and a hit's output
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
@@ -34,25 +37,30 @@ from torch_cachepolicy import routes
 from torch_cachepolicy.arguments import check_cache_arguments, check_policy
 from torch_cachepolicy.deps import RUNS_EXCLUDED, Dependent, Frames
 from torch_cachepolicy.keybuilder import KeyStats, cache_key
-from torch_cachepolicy.keyparts import extend_key
+from torch_cachepolicy.keyparts import check_visible, extend_key
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.report import CacheReport, OpStats
-from torch_cachepolicy.routes import BYPASS, HOP, HOP_SUB, NO_RULES, POLICY, STOCK_SUB, Route
+from torch_cachepolicy.routes import BYPASS, HOP, HOP_SUB, NO_RULES, POLICY, STOCK, STOCK_SUB, Route
 from torch_cachepolicy.safety import (
     CrosscheckError,
     InputSnapshot,
     check_backend_op,
     check_backend_output,
     crosscheck,
+    describe,
+    first_difference,
+    shape_env_state,
     verify_entry,
 )
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
+from torch_cachepolicy.symbols import knowledge
 from torch_cachepolicy.synth import Synthesizer
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
 
 _StockMode = _ft.FakeTensorMode
 _NO_KWARGS: Mapping[str, object] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # Note [Entering the hit path directly]
 # Stock FakeTensorMode.dispatch, before it calls _cached_dispatch_impl, logs
@@ -86,6 +94,73 @@ _DIRECT_HIT_PATH = frozenset(_StockMode.dispatch.__code__.co_names) == _STOCK_DI
 _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
 _HANDLE_DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
 _FT_LOG = _ft.log
+
+# Bypass reasons (Note [The kernel in effect]).
+REAL_TENSORS = "propagate_real_tensors"
+PROFILED = "a custom-ops profile replaces its fake kernel"
+BACKEND_FALLBACK = "no fake kernel for static inputs (the Meta backend fallback ran)"
+
+
+# Every live policy mode, for the class-level cache_info() and cache_clear()
+# (Note [The cache API on the class]).
+_LIVE_MODES: weakref.WeakSet[FakeTensorMode] = weakref.WeakSet()
+
+
+class _AlsoOnTheClass:
+    """A method that, called on the class instead of an instance, runs ``on_class(cls)``.
+
+    Note [The cache API on the class]
+    torch's ``cache_info()`` and ``cache_clear()`` are classmethods over its
+    class-wide cache and counters; a policy mode's are per instance. Code
+    written for stock calls them on the class (``FakeTensorMode.cache_clear()``
+    in torch's own tests), so on the class they keep stock's meaning for
+    everything a FakeTensorMode caches: ``cache_info()`` adds up torch's
+    class-wide counters (stock modes) and every live policy mode's, and
+    ``cache_clear()`` does what torch's does (the caller asked for it by
+    name: torch's class-wide cache and counters) and clears every live policy
+    mode. Nothing else of the package touches torch's class-wide state.
+    """
+
+    def __init__(self, on_instance: Callable[..., Any], on_class: Callable[..., Any]) -> None:
+        self.__wrapped__ = on_instance
+        self.__doc__ = on_instance.__doc__
+        self._on_class = on_class
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Callable[..., Any]:
+        if obj is None:
+            return functools.partial(self._on_class, objtype)
+        return self.__wrapped__.__get__(obj, objtype)  # type: ignore[no-any-return]
+
+
+def _also_on_the_class(on_class: Callable[..., Any]) -> Callable[[_F], _F]:
+    def wrap(on_instance: _F) -> _F:
+        return cast(_F, _AlsoOnTheClass(on_instance, on_class))
+
+    return wrap
+
+
+def _class_cache_info(cls: type) -> DispatchCacheInfo:
+    stock = _StockMode.cache_info()
+    modes = [m for m in list(_LIVE_MODES) if isinstance(m, cls)]
+    infos = [m.cache_info() for m in modes]
+    bypasses = dict(stock.bypasses)
+    for info in infos:
+        for reason, n in info.bypasses.items():
+            bypasses[reason] = bypasses.get(reason, 0) + n
+    stores = {id(m.cache_store): m.cache_store for m in modes}
+    return DispatchCacheInfo(
+        stock.hits + sum(i.hits for i in infos),
+        stock.misses + sum(i.misses for i in infos),
+        bypasses,
+        stock.size + sum(len(store) for store in stores.values()),
+    )
+
+
+def _class_cache_clear(cls: type) -> None:
+    _StockMode.cache_clear()
+    for mode in list(_LIVE_MODES):
+        if isinstance(mode, cls):
+            mode.cache_clear()
 
 
 class FakeTensorMode(_StockMode):
@@ -130,6 +205,9 @@ class FakeTensorMode(_StockMode):
         check_cache_arguments("FakeTensorMode", cache_policy, cache_store, cache_crosscheck)
         super().__init__(**kwargs)
         self._cache_policy = CachePolicy() if cache_policy is None else cache_policy
+        # A store the mode made is private to it; one passed in is shared
+        # (Note [Copying a policy mode]).
+        self._owns_store = cache_store is None
         self._cache_store = CacheStore() if cache_store is None else cache_store
         # Read for every hit of an aten op; a store's isolation never changes.
         self._isolated = self._cache_store.isolated
@@ -137,12 +215,64 @@ class FakeTensorMode(_StockMode):
             self.cache_crosscheck_enabled = cache_crosscheck
         self._stats: dict[object, OpStats] = {}
         self._key_stats = KeyStats()
+        self._init_transient()
+
+    def _init_transient(self) -> None:
+        """The state a copy of the mode starts afresh (Note [Copying a policy mode])."""
+        _LIVE_MODES.add(self)
         self._synced_identity: object = None
         self._partition = Partition()  # replaced by the policy's partition on first dispatch
         self._routes: dict[object, Route] = {}
         # Misses being computed; Note [Entries cover inner ops].
         self._frames = Frames()
         self._synth = Synthesizer()
+
+    # Note [Copying a policy mode]
+    # Stock modes (and so their FakeTensors, and GraphModules holding those)
+    # copy with copy.deepcopy, attribute by attribute; passes deep-copy
+    # graphs whose node.meta["val"] are FakeTensors. A policy mode copies
+    # the same way, except for what is bound to this instance: the frames of
+    # misses in flight (threads, locks), the route memo and the synced
+    # partition (rebuilt on the first dispatch) and the output plans start
+    # afresh. The policy is copied as a policy copies (Note [Copying a
+    # policy]); the counters are copied. Entries are a cache, so a copy may
+    # start without them: a store the mode made itself becomes a new empty
+    # store of the same isolation, while a store passed in by the user is
+    # shared with the copy (entries are keyed by metadata, never by mode, so
+    # the copy reads them as any mode on that store would). copy.copy shares
+    # the policy and the store and copies the counters. Pickling behaves as stock's: its
+    # state is stock's plus the policy, the counters and an empty store.
+
+    _TRANSIENT = ("_synced_identity", "_partition", "_routes", "_frames", "_synth")
+
+    def __getstate__(self) -> dict[str, object]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
+        if self._owns_store:
+            state["_cache_store"] = CacheStore(isolated=self._isolated)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._init_transient()
+
+    def __copy__(self) -> FakeTensorMode:
+        clone = type(self).__new__(type(self))
+        state = self.__getstate__()
+        state["_cache_store"] = self._cache_store
+        state["_stats"] = copy.deepcopy(self._stats)
+        state["_key_stats"] = copy.deepcopy(self._key_stats)
+        clone.__setstate__(state)
+        return clone
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FakeTensorMode:
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        state = self.__getstate__()
+        store = state.pop("_cache_store")
+        state = copy.deepcopy(state, memo)
+        state["_cache_store"] = store
+        clone.__setstate__(state)
+        return clone
 
     # ------------------------------------------------------------ public API
 
@@ -163,9 +293,12 @@ class FakeTensorMode(_StockMode):
         return self._cache_store
 
     @override
+    @_also_on_the_class(_class_cache_info)
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
         """Hits, misses and bypasses of this instance; ``size`` counts every entry
-        of its store, which other modes may share."""
+        of its store, which other modes may share. Called on the class, as
+        torch's: the totals of torch's class-wide counters and of every live
+        policy mode (Note [The cache API on the class])."""
         # list()/dict() copy in C, so another thread may read while this mode
         # dispatches without "dictionary changed size during iteration".
         all_stats = list(self._stats.values())
@@ -198,13 +331,19 @@ class FakeTensorMode(_StockMode):
         return out
 
     @override
+    @_also_on_the_class(_class_cache_clear)
     def cache_clear(self) -> None:  # type: ignore[override]
         """Resets this instance's counters and empties its policy's partition
         (shared by modes with equal policies on the same store). torch's
-        storage and other partitions are left alone."""
+        storage and other partitions are left alone. Called on the class, as
+        torch's: clears torch's class-wide cache and counters, and every live
+        policy mode (Note [The cache API on the class])."""
         self._stats = {}
         self._key_stats = KeyStats()
         self._synth.clear()
+        # Routes hold the counters just dropped; the next dispatch routes afresh.
+        self._routes = {}
+        self._synced_identity = None
         partition(self._cache_store, self._cache_policy.identity).clear()
 
     # ------------------------------------------------------------- dispatch
@@ -217,14 +356,31 @@ class FakeTensorMode(_StockMode):
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] = _NO_KWARGS,
     ) -> object:
-        # See Note [HOPs under a subclass]. Ops with a FakeTensorMode rule get
-        # that rule, called when stock's dispatcher would call it: always for
-        # a HOP, and for an OpOverload (a py_impl(FakeTensorMode) rule) only
-        # under the Python dispatcher, the one path that consults an
-        # OpOverload's python_key_table. This is `dispatch`, not
-        # `__torch_dispatch__`: torch wraps every override of the latter in a
-        # dynamo-disabling shim, which would run twice per op.
+        # Note [Rules for the FakeTensorMode class]
+        # torch looks up the rules registered for the FakeTensorMode class by
+        # the mode's exact type, so none of them reaches a subclass; this
+        # method applies each where stock's dispatch would apply it, in
+        # stock's order, before the cache (stock never caches their results):
+        # 1. under the Python dispatcher, an OpOverload's py_impl(FakeTensorMode)
+        #    rule (its python_key_table), which the Python dispatcher calls
+        #    instead of the mode; for a HOP, its rule for FakeTensorMode,
+        #    always (Note [HOPs under a subclass]);
+        # 2. a rule from torch.library.register_torch_dispatch(op,
+        #    FakeTensorMode, ...), which the dispatcher calls instead of the
+        #    mode's __torch_dispatch__.
+        # This is `dispatch`, not `__torch_dispatch__`: torch wraps every
+        # override of the latter in a dynamo-disabling shim, which would run
+        # twice per op.
+        route = self._routes.get(func)
         handler = getattr(func, "python_key_table", NO_RULES).get(_StockMode)
+        if handler is None and not isinstance(func, OpOverload):
+            # A HOP without a rule for FakeTensorMode: stock's HOP dispatch
+            # raises before reaching the mode.
+            raise NotImplementedError(
+                f"There was no rule registered for HigherOrderOperator {func.name()} and mode {self} "
+                "(torch_cachepolicy.FakeTensorMode applies the rules registered for torch's FakeTensorMode; "
+                f"register one with {func.name()}.py_impl(FakeTensorMode))"
+            )
         if (
             handler is not None
             and not routes.redirects_to_mode(func, handler)
@@ -235,16 +391,26 @@ class FakeTensorMode(_StockMode):
                 # depends on it all the same (Note [Entries cover inner ops]).
                 self._record_rule(func)
             return handler(self, *args, **(kwargs or {}))
+        if route is None:
+            rule = routes.torch_dispatch_rule(None, func)
+        else:
+            # A routed op keeps its registry entry's rules by class (Route.rules).
+            rules = route.rules
+            rule = rules.get(_StockMode) if rules else None
+        if rule is not None:
+            if self._frames.open:
+                self._record_rule(func)
+            return rule(self, func, types, args, kwargs or {})
         if (
-            func in self._routes
+            route is not None
+            and route.direct
             and _DIRECT_HIT_PATH
             and self.cache_enabled
-            and func not in _META_HANDLERS
-            and func not in _HANDLE_DIRECTLY
+            and self._cache_policy.identity is self._synced_identity
             and not _FT_LOG.isEnabledFor(logging.DEBUG)
         ):
             # See Note [Entering the hit path directly].
-            return self._cached_dispatch_impl(func, types, args, kwargs or {})
+            return self._dispatch_routed(route, func, types, args, kwargs or {})
         return super().dispatch(func, types, args, kwargs)
 
     @override
@@ -260,10 +426,25 @@ class FakeTensorMode(_StockMode):
         route = self._routes.get(func)
         if route is None:
             route = self._route(func)
+        return self._dispatch_routed(route, func, types, args, kwargs)
+
+    def _dispatch_routed(
+        self,
+        route: Route,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> object:
+        """``_cached_dispatch_impl`` for an op whose current route is known.
+
+        An OpOverload's hash is a Python method, so each dict keyed by the op
+        costs a call on the hit path: the route is found once per dispatch
+        and carries what else is per op (its counters, whether the direct
+        hit path applies).
+        """
         kind = route.kind
-        stats = self._stats.get(func)
-        if stats is None:
-            stats = self._stats[func] = OpStats()
+        stats = route.stats
 
         if kind == BYPASS:
             stats.bypass(route.label)
@@ -274,10 +455,20 @@ class FakeTensorMode(_StockMode):
         state = _CacheKeyState(self.shape_env)
         sub: Hashable = None
         try:
+            if kind != STOCK and self.propagate_real_tensors:
+                # See Note [The kernel in effect]: the real kernel's outputs
+                # may replace the fake kernel's.
+                raise _BypassDispatchCache(REAL_TENSORS)
             if kind == POLICY:
                 sub = routes.kernel_sub(route, self._cache_policy)
+                if route.fallback_capable:
+                    sub = (*sub, self.allow_fallback_kernels)  # type: ignore[misc]
                 if self._frames.open:
                     self._record(route, sub)
+                if sub[routes.SUB_PROFILE] is not None:  # type: ignore[index]
+                    raise _BypassDispatchCache(PROFILED)
+                if route.slots.opaque:  # type: ignore[union-attr]
+                    check_visible(route.slots, route.immutable, args, kwargs)  # type: ignore[arg-type]
             # torch's _cache_key, built cheaply when the arguments allow it.
             key = cache_key(self, state, func, args, kwargs, self._key_stats)
             if route.slots is not None:
@@ -287,28 +478,13 @@ class FakeTensorMode(_StockMode):
             return self._dispatch_impl(func, types, args, kwargs)
 
         shape_env = state.shape_env if state.cache_on_shape_env() else None
-        table: dict[Any, Any]
-        if kind == POLICY:
-            try:
-                # See Note [What the ShapeEnv knows].
-                table = self._partition.table(
-                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env), shape_env
-                )
-            except TypeError:
-                raise routes.unhashable_context(self._cache_policy, func, sub[0]) from None  # type: ignore[index]
-        elif route.private or self._isolated:
-            table = self._private_table(route, shape_env)
-        elif shape_env is not None:
-            table = shape_env.fake_tensor_cache
-        else:
-            table = _StockMode.cache
-
+        table = self._table(route, sub, state, shape_env)
         entry: Any = table.get(key)
         if entry is None:
-            return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+            return self._miss(route, stats, state, key, table, sub, shape_env, types, args, kwargs)
         if type(entry) is Dependent:
-            if not self._frames.still_valid(entry, self._current_sub):
-                return self._miss(route, stats, state, key, table, shape_env, types, args, kwargs)
+            if not self._frames.still_valid(entry, self._sub):
+                return self._miss(route, stats, state, key, table, sub, shape_env, types, args, kwargs)
             entry = entry.entry
         elif isinstance(entry, _DispatchCacheBypassEntry):
             stats.bypass(entry.reason)
@@ -321,6 +497,22 @@ class FakeTensorMode(_StockMode):
             crosscheck(self, output, func, types, args, kwargs)
         return output
 
+    def _table(self, route: Route, sub: Hashable, state: _CacheKeyState, shape_env: Any) -> dict[Any, Any]:
+        """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
+        if route.kind == POLICY:
+            try:
+                return self._partition.table(
+                    sub if shape_env is None else routes.symbolic_sub(route, sub, shape_env, state.known_symbols),
+                    shape_env,
+                )
+            except TypeError:
+                raise routes.unhashable_context(self._cache_policy, route.func, sub[0]) from None  # type: ignore[index]
+        if route.private or self._isolated:
+            return self._private_table(route, shape_env, state)
+        if shape_env is not None:
+            return shape_env.fake_tensor_cache
+        return _StockMode.cache
+
     def _miss(
         self,
         route: Route,
@@ -328,6 +520,7 @@ class FakeTensorMode(_StockMode):
         state: _CacheKeyState,
         key: _DispatchCacheKey,
         table: dict[Any, Any],
+        sub: Hashable,
         shape_env: Any,
         types: Sequence[type],
         args: Sequence[object],
@@ -336,6 +529,14 @@ class FakeTensorMode(_StockMode):
         func: Any = route.func
         kind = route.kind
         snapshot = InputSnapshot(args, kwargs)
+        # See shape_env_state: a backend kernel (or subgraph) must not create
+        # symbols, nor, if it saw none, teach the ShapeEnv anything (a hit
+        # would not).
+        env_before = (
+            shape_env_state(self.shape_env, symbols_only=shape_env is not None)
+            if kind != STOCK and self.shape_env is not None
+            else None
+        )
         frame = self._frames.push()
         try:
             output = self._dispatch_impl(func, types, args, kwargs)
@@ -349,6 +550,8 @@ class FakeTensorMode(_StockMode):
         try:
             if kind == POLICY:
                 check_backend_op(func, args, explicit=route.explicit)
+                if shape_env is None and routes.runs_backend_fallback(route):
+                    raise _BypassDispatchCache(BACKEND_FALLBACK)
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
         except _BypassDispatchCache as e:
             # torch's own verdict (or a schema check of ours on a private
@@ -366,6 +569,10 @@ class FakeTensorMode(_StockMode):
                     raise _BypassDispatchCache(RUNS_EXCLUDED)
                 if kind == POLICY:
                     check_backend_output(state, func, args, output)
+                if env_before is not None and (
+                    shape_env_state(self.shape_env, symbols_only=shape_env is not None) != env_before
+                ):
+                    raise _BypassDispatchCache("fake kernel changed the ShapeEnv")
                 verify_entry(self, state, entry, key, func, args, kwargs, output)
             except _BypassDispatchCache as e:
                 stats.bypass(e.reason)
@@ -383,17 +590,60 @@ class FakeTensorMode(_StockMode):
                 # keeps the op's entries in its own store. See
                 # Note [Entries that must reproduce aliasing].
                 route.private = True
-                table = self._private_table(route, shape_env)
+                table = self._private_table(route, shape_env, state)
+        tables = [table]
+        if shape_env is not None and kind != STOCK and not isinstance(entry, _DispatchCacheBypassEntry):
+            taught = self._table(route, sub, state, shape_env)
+            if taught is not table and self._same_when_rerun(route, types, args, kwargs, output, state, sub, taught):
+                tables.append(taught)
         if shape_env is not None:
             # Entries must not keep a ShapeEnv alive (torch does the same).
             key.strip_shape_env()
-        table[key] = entry
-        if isinstance(table, Table) and kind == HOP:
-            for leaf in pytree.tree_leaves((args, kwargs)):
-                owner = id_hashed_owner(leaf)
-                if owner is not None:
-                    evict_when_collected(owner, table, key)
+        for table in tables:
+            table[key] = entry
+            if isinstance(table, Table) and kind == HOP:
+                for leaf in pytree.tree_leaves((args, kwargs)):
+                    owner = id_hashed_owner(leaf)
+                    if owner is not None:
+                        evict_when_collected(owner, table, key)
         return output
+
+    def _same_when_rerun(
+        self,
+        route: Route,
+        types: Sequence[type],
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+        output: object,
+        state: _CacheKeyState,
+        sub: Hashable,
+        taught: dict[Any, Any],
+    ) -> bool:
+        """Whether the kernel, run again with what its first run taught the ShapeEnv, returns the same and teaches nothing.
+
+        Note [What the kernel taught]
+        An entry is filed under what the ShapeEnv knew before its kernel ran
+        (Note [What the ShapeEnv knows]). A kernel that guards on its own
+        symbols has changed that knowledge, so later calls look up elsewhere
+        and would miss once more. Instead the kernel runs once more now: if,
+        knowing what it taught, it returns an equal output (the same
+        description: metadata, symbols by expression, aliasing) and teaches
+        nothing further, the entry stands for calls under the new knowledge
+        too. Otherwise later calls miss, as they would without this. Either
+        way the kernel runs twice and every hit stands for a run that would
+        teach nothing.
+        """
+        snapshot = InputSnapshot(args, kwargs)
+        frame = self._frames.push()
+        try:
+            again = self._dispatch_impl(route.func, types, args, kwargs)  # type: ignore[arg-type]
+        finally:
+            self._frames.pop(frame)
+        if frame.tainted or snapshot.changed() is not None:
+            return False
+        if self._table(route, sub, state, state.shape_env) is not taught:
+            return False
+        return first_difference(describe(again, args, kwargs), describe(output, args, kwargs)) is None
 
     @override
     def _output_from_cache_entry(
@@ -438,28 +688,39 @@ class FakeTensorMode(_StockMode):
 
     def _route(self, func: object) -> Route:
         route, memoized = routes.route_for(self._cache_policy, func)
+        stats = self._stats.get(func)
+        if stats is None:
+            stats = self._stats[func] = OpStats()
+        route.stats = stats
+        # torch fills stock dispatch's two tables at import.
+        route.direct = func not in _META_HANDLERS and func not in _HANDLE_DIRECTLY
         if memoized:
             self._routes[func] = route
         return route
 
-    def _current_sub(self, route: Route) -> Hashable:
-        return routes.kernel_sub(route, self._cache_policy)
+    def _sub(self, route: Route) -> Hashable:
+        """``routes.kernel_sub``, with this mode's allow_fallback_kernels where it matters."""
+        sub = routes.kernel_sub(route, self._cache_policy)
+        if route.fallback_capable:
+            # Stock may run a real kernel for such an op, only if the mode
+            # allows it (Note [The kernel in effect]).
+            return (*sub, self.allow_fallback_kernels)  # type: ignore[misc]
+        return sub
 
-    def _private_table(self, route: Route, shape_env: Any) -> Table:
-        # Note [What the ShapeEnv knows]
-        # A backend kernel may ask the ShapeEnv what it can prove
-        # (statically_known_true, guard_or_false); the answer changes when the
-        # ShapeEnv learns something (torch._check), while the key, which holds
-        # the expressions, does not. The ShapeEnv's version counter (what its
-        # own lru caches key on) joins the sub-table of symbolic entries that a
-        # backend kernel computed: policy ops, and HOPs, which may run them.
+    def _private_table(self, route: Route, shape_env: Any, state: _CacheKeyState) -> Table:
+        # A HOP's entry replays the ops of its subgraph, backend ops among
+        # them: its sub-table holds the policy's context, whether the Python
+        # dispatcher (which prefers py_impl kernels) is on, and, for a key with
+        # symbols, what the ShapeEnv knows about them (Note [What the ShapeEnv
+        # knows]), as a backend op's does.
         if route.kind != HOP:
             return self._partition.table(STOCK_SUB, shape_env)
         policy = self._cache_policy
         context = routes.context_value(policy, route.func) if policy.has_context else None
-        version = None if shape_env is None else shape_env._version_counter
+        known = None if shape_env is None else knowledge(shape_env, state.known_symbols)
+        dispatcher = routes.python_dispatcher_enabled()
         try:
-            return self._partition.table((HOP_SUB, context, version), shape_env)
+            return self._partition.table((HOP_SUB, context, known, dispatcher), shape_env)
         except TypeError:
             raise routes.unhashable_context(policy, route.func, context) from None
 
@@ -475,7 +736,7 @@ class FakeTensorMode(_StockMode):
             if route.kind == BYPASS:
                 # Not cached itself, but what its kernel returns (and so the
                 # enclosing entry) depends on the same things as a cached op's.
-                sub = routes.kernel_sub(route, self._cache_policy)
+                sub = self._sub(route)
         self._frames.record(route, sub)
 
     def _record_rule(self, func: OpOverload) -> None:
@@ -485,7 +746,7 @@ class FakeTensorMode(_StockMode):
         if route.taints:
             self._frames.taint()
         elif route.backend is not None:
-            self._record(route, routes.kernel_sub(route, self._cache_policy))
+            self._record(route, self._sub(route))
 
 
 # Keep mypy honest about the base class we extend.

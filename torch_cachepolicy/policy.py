@@ -42,7 +42,7 @@ _T = TypeVar("_T")
 
 # Attributes that a copy makes afresh (Note [Copying a policy]).
 _NOT_COPIED = frozenset({"_lock", "_identity", "_decisions"})
-_RULE_SETS = ("_namespaces", "_allowed", "_denied")
+_RULE_SETS = ("_namespaces", "_allowed", "_denied", "_immutable")
 _HOOKS = ("_predicate", "_context_hook")
 
 # Kernels that run on meta tensors, so a fake dispatch can use them.
@@ -150,6 +150,17 @@ def _op_list(param: str, value: object, namespace_fix: str) -> list[Any]:
     return _as_list(api, value, "a list of operators", fix)
 
 
+def _type_list(param: str, value: object) -> list[type]:
+    """``immutable_types=``: a list of classes."""
+    api = f"CachePolicy({param}=...)"
+    fix = f"wrap it: {param}=[{value.__qualname__}]" if isinstance(value, type) else None
+    items = _as_list(api, value, "a list of classes", fix)
+    for i, item in enumerate(items):
+        if not isinstance(item, type):
+            raise TypeError(f"{api}: element [{i}]: expected a class, got {describe_value(item)}")
+    return items
+
+
 def _callable_hook(param: str, value: object, signature: str) -> Any:
     """``predicate=`` / ``context_key=``: a callable or None."""
     if value is None:
@@ -205,6 +216,9 @@ class CachePolicy:
             state (``["tosa"]``); ops of other namespaces then ignore the
             context and are shared across its values. ``None``: every backend
             op depends on the context.
+        immutable_types: types of backend-op arguments whose objects the
+            cache key may hold by hash and equality, vouched immutable (see
+            :meth:`register_immutable_type`).
     """
 
     def __init__(
@@ -217,6 +231,7 @@ class CachePolicy:
         predicate: Callable[[OpOverload], bool] | None = None,
         context_key: Callable[[], Hashable] | None = None,
         context_namespaces: Iterable[str] | None = None,
+        immutable_types: Iterable[type] = (),
     ) -> None:
         # Every argument is read (a generator consumed) and checked before
         # anything is stored, so a bad argument leaves no half-built policy.
@@ -232,6 +247,7 @@ class CachePolicy:
         context_items = (
             None if context_namespaces is None else _namespace_list("context_namespaces", context_namespaces)
         )
+        immutable_items = _type_list("immutable_types", immutable_types)
         self._lock = threading.RLock()
         self._include_builtins = include_builtins
         self._namespaces: set[str] = {
@@ -256,6 +272,7 @@ class CachePolicy:
                 for i, ns in enumerate(context_items)
             )
         )
+        self._immutable: set[type] = set(immutable_items)
         # Note [Policy identity]
         # The identity names a cache partition. It is rebuilt (a new object)
         # on every rule change, so a mode notices a change with one `is`
@@ -306,6 +323,26 @@ class CachePolicy:
             self._rebuild()
         return _Registrar()
 
+    def register_immutable_type(self, cls: type[_T]) -> type[_T]:
+        """Vouches that objects of ``cls`` (and its subclasses) are immutable.
+
+        An argument of a backend op that torch's key holds as an object, not
+        by its content (anything passed through an ``Any``, a torchbind class
+        or another opaque schema type), makes the dispatch bypass the cache:
+        a fake kernel could read state the key does not see (Note [Arguments
+        the key cannot see]). Objects of a registered type are keyed by their
+        hash and equality instead, which must then reflect everything a fake
+        kernel reads from them. Works as a class decorator; returns ``cls``.
+        """
+        if not isinstance(cls, type):
+            raise TypeError(
+                f"CachePolicy.register_immutable_type(...): expected a class, got {describe_value(cls)}"
+            )
+        with self._lock:
+            self._immutable.add(cls)
+            self._rebuild()
+        return cls
+
     def _rebuild(self) -> None:
         self._identity = (
             type(self),
@@ -316,6 +353,7 @@ class CachePolicy:
             self._predicate,
             self._context_hook,
             self._context_namespaces,
+            frozenset(self._immutable),
         )
         # A fresh dict rather than clear(): a reader that fetched the old one
         # keeps a consistent (old) view.
@@ -328,6 +366,11 @@ class CachePolicy:
         """Hashable, equal for equal rules; a predicate or context hook counts
         by object identity. Changes whenever a rule changes."""
         return self._identity
+
+    @property
+    def immutable_types(self) -> frozenset[type]:
+        """The argument types declared immutable (:meth:`register_immutable_type`)."""
+        return frozenset(self._immutable)
 
     @property
     def namespaces(self) -> frozenset[str]:
@@ -553,6 +596,8 @@ class CachePolicy:
             parts.append(f"context_key={self._context_hook!r}")
         if self._context_namespaces is not None:
             parts.append(f"context_namespaces={sorted(self._context_namespaces)}")
+        if self._immutable:
+            parts.append(f"immutable_types=[{', '.join(sorted(t.__qualname__ for t in self._immutable))}]")
         return f"{type(self).__name__}({', '.join(parts)})"
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "crosscheck",
     "describe",
     "first_difference",
+    "shape_env_state",
     "storage_id",
     "verify_entry",
 ]
@@ -115,12 +116,30 @@ def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
         # an output or an input (a hit would not).
         ("is_leaf", t.is_leaf),
         ("grad", _grad(t)),
+        ("retains_grad", t.retains_grad),
+        # An in-place op inside a kernel bumps the version counter (of an
+        # input, or of the output it then returns); a hit bumps none.
+        ("version", _version(t)),
+        ("hooks", _hooks(t)),
         # A kernel may hand back a FakeTensor of another mode; a hit builds one of ours.
         ("fake mode", id(getattr(t, "fake_mode", None))),
         # Python attributes: a kernel may tag its output, or memoize on an
         # input (x.nonzero() sets x's nonzero memo); a hit does neither.
         ("python attributes", _python_state(t)),
     )
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def _hooks(t: torch.Tensor) -> tuple[int, int]:
+    backward = t._backward_hooks
+    post = getattr(t, "_post_accumulate_grad_hooks", None)
+    return (len(backward) if backward else 0, len(post) if post else 0)
 
 
 def _grad(t: torch.Tensor) -> object:
@@ -136,10 +155,37 @@ def _python_state(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
     state = getattr(t, "__dict__", None)
     if not state:
         return ()
-    return tuple(
-        (k, v if isinstance(v, _PLAIN) else _int(v) if isinstance(v, torch.SymInt) else (type(v).__name__, id(v)))
-        for k, v in sorted(state.items())
-    )
+    return tuple((k, _value_state(v, _STATE_DEPTH)) for k, v in sorted(state.items()))
+
+
+# How deep _value_state looks into containers and objects held by a tensor's
+# Python attributes; beyond it, an object counts by identity.
+_STATE_DEPTH = 3
+
+
+def _value_state(v: object, depth: int) -> object:
+    """A comparable picture of a Python attribute's value, contents included.
+
+    A kernel may append to a list kept on an input (``x.log.append(...)``):
+    the attribute is the same object before and after, so the contents of
+    lists, tuples, dicts and sets are compared, as deep as
+    :data:`_STATE_DEPTH`. Any other object counts by identity (a FakeTensor's
+    own ``fake_mode``, a tensor, an object of the kernel's own class): what
+    such an object holds is the kernel's undeclared state (docs/guide.md).
+    """
+    if isinstance(v, _PLAIN):
+        return v
+    if isinstance(v, torch.SymInt):
+        return _int(v)
+    if depth == 0 or isinstance(v, torch.Tensor):
+        return (type(v).__name__, id(v))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, id(v), tuple(_value_state(x, depth - 1) for x in v))
+    if isinstance(v, dict):
+        return ("dict", id(v), tuple((repr(k), _value_state(x, depth - 1)) for k, x in v.items()))
+    if isinstance(v, (set, frozenset)):
+        return (type(v).__name__, id(v), len(v), frozenset(x for x in v if isinstance(x, _PLAIN)))
+    return (type(v).__name__, id(v))
 
 
 def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list[torch.Tensor]:
@@ -169,13 +215,19 @@ def describe(
             sid = storage_id(leaf)
             out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
             out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
-            out.append(
-                (f"{where} storage sharing with inputs", tuple(j for j, s in enumerate(input_storages) if s == sid))
-            )
+            shared = tuple(j for j, s in enumerate(input_storages) if s == sid)
+            out.append((f"{where} storage sharing with inputs", shared))
             out.append(
                 (f"{where} storage sharing with outputs", tuple(j for j, s in enumerate(seen_storages) if s == sid))
             )
-            out.extend((f"{where} {name}", value) for name, value in _tensor_fields(leaf))
+            # An output on an input's storage is an alias the schema declares
+            # (anything else bypasses), and autograd gives it the input's
+            # version counter on the way back to the caller: its own counter
+            # here is never seen.
+            out.extend(
+                (f"{where} {name}", None if shared and name == "version" else value)
+                for name, value in _tensor_fields(leaf)
+            )
             seen_storages.append(sid)
         elif isinstance(leaf, torch.SymInt):
             out.append((f"{where} value", ("SymInt", _int(leaf))))
@@ -217,7 +269,16 @@ def _plain(value: object) -> object:
 
 
 class InputSnapshot:
-    """The metadata of every tensor argument, taken before a kernel runs."""
+    """What a kernel can change about its tensor arguments, taken before it runs.
+
+    The metadata of every tensor argument: :func:`describe`'s fields, the
+    version counter, hooks and Python attributes included. Lists and dicts
+    need no snapshot: the dispatcher hands a kernel its own copies of them,
+    so a kernel changing them changes nothing its caller sees. The content
+    of other objects is not compared; an argument whose content the key
+    cannot see bypasses before a kernel runs (Note [Arguments the key cannot
+    see]).
+    """
 
     __slots__ = ("_before", "_tensors")
 
@@ -238,6 +299,29 @@ class InputSnapshot:
                 if _differs(after, before):
                     return name
         return None
+
+
+def shape_env_state(shape_env: Any, *, symbols_only: bool = False) -> tuple[object, ...]:
+    """What a kernel can add to a ShapeEnv: symbols, and guards, replacements and assertions.
+
+    Compared before and after a backend kernel: one that created a symbol
+    (even one it dropped) cannot be replayed by a hit, which creates none. For
+    a kernel whose inputs held no symbols, any fact it taught the ShapeEnv
+    counts too; with ``symbols_only`` (inputs with symbols) only the symbols
+    it created: what it taught about its inputs' symbols is what the entry's
+    sub-table holds (Note [What the ShapeEnv knows]).
+    """
+    created = (len(shape_env.var_to_range), shape_env.unbacked_symint_counter, shape_env.unbacked_symfloat_counter)
+    if symbols_only:
+        return created
+    return (
+        *created,
+        len(shape_env.guards),
+        len(shape_env.replacements),
+        len(shape_env.divisible),
+        shape_env.num_deferred_runtime_asserts,
+        shape_env._version_counter,
+    )
 
 
 def check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Hashable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -123,6 +123,14 @@ class CacheStore:
     def isolated(self) -> bool:
         """Whether entries of builtin ops stay private too."""
         return self._isolated
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A store is a cache: copies (copy.copy, copy.deepcopy, pickle)
+        # start empty, with the same isolation.
+        return (CacheStore, (), {"_isolated": self._isolated})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(isolated=state["_isolated"])  # type: ignore[misc]
 
     def clear(self) -> None:
         """Drops every entry of every partition.

@@ -46,23 +46,29 @@ from torch._subclasses.fake_tensor import (
 
 from torch_cachepolicy import native
 
-__all__ = ["TORCH_PATH", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
+__all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
 
 # How build() makes one output, by its first element:
 #   (_NEW, shape, stride, dtype, device, requires_grad): a fresh tensor;
 #   (_VIEW, arg index, shape, stride, storage offset, dtype, device): a
 #       tensor on the storage of that argument (a view op's output);
 #   (_INPLACE, arg index): that argument itself (an in-place op's output);
-#   (_CONSTANT, value): an int, bool or None.
+#   (_CONSTANT, value): an int, bool or None;
+#   (_SYMBOLIC, [template], requires_grad, device): a fresh tensor with
+#       symbolic sizes, copied from the template torch's first synthesis of
+#       the entry left (Note [Symbolic hits from a template] in csrc/synth.cpp);
+#       the template is filled in by Synthesizer.output.
 _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
-_NEW, _VIEW, _INPLACE, _CONSTANT = range(4)
+_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC = range(5)
 
 # csrc/synth.cpp; fetched once because every plain hit calls them.
 _meta_empty_strided = native.function("meta_empty_strided")
 _meta_view_of = native.function("meta_view_of")
+_meta_template = native.function("meta_template")
+_meta_fresh_like = native.function("meta_fresh_like")
 
 _CONSTANT_TYPES = (int, bool, type(None))
 
@@ -94,12 +100,14 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
         or m.is_neg
         or m.is_sparse
         or m.is_quantized
-        or not _ints(m.shape)
-        or not _ints(m.stride)
         or type(m.dtype) is not torch.dtype
         or type(m.device) is not torch.device
     ):
         return None
+    if not (_ints(m.shape) and _ints(m.stride)):
+        if info.view_idx is not None or _meta_fresh_like is None:
+            return None
+        return (_SYMBOLIC, [None], bool(m.requires_grad), m.device)
     if info.view_idx is None:
         return (_NEW, m.shape, m.stride, m.dtype, m.device, bool(m.requires_grad))
     # torch's set_ on a leaf that requires grad is autograd's business: its path.
@@ -129,17 +137,23 @@ def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | 
     return bool(entry.is_output_tuple), tuple(steps)
 
 
-def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
+def build(mode: Any, plan: Plan, args: Sequence[object], new_fake: Callable[..., Any] = FakeTensor) -> object:
     """The output of a hit on an entry with this plan, made for ``mode``, or
     :data:`TORCH_PATH` when an aliased argument is not a FakeTensor (torch's
-    path raises the error for that)."""
+    path raises the error for that). ``new_fake(mode, meta, device)`` wraps
+    each meta tensor (torch's constructor, or :class:`FakeTensors`)."""
     is_tuple, steps = plan
     outputs: list[object] = []
     for step in steps:
         kind = step[0]
         if kind == _NEW:
             meta = _meta_empty_strided(step[1], step[2], step[3], step[5])  # type: ignore[misc]
-            outputs.append(FakeTensor(mode, meta, step[4]))
+            outputs.append(new_fake(mode, meta, step[4]))
+        elif kind == _SYMBOLIC:
+            template = step[1][0]
+            if template is None:
+                return TORCH_PATH
+            outputs.append(new_fake(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
         elif kind == _CONSTANT:
             outputs.append(step[1])
         else:
@@ -150,8 +164,106 @@ def build(mode: Any, plan: Plan, args: Sequence[object]) -> object:
                 outputs.append(arg)
             else:
                 meta = _meta_view_of(arg, step[2], step[3], step[4], step[5])  # type: ignore[misc]
-                outputs.append(FakeTensor(mode, meta, step[6]))
+                outputs.append(new_fake(mode, meta, step[6]))
     return tuple(outputs) if is_tuple else outputs[0]
+
+
+_make_subclass = torch.Tensor._make_subclass
+_throw_on_data_ptr = torch._C._set_throw_on_mutable_data_ptr
+_warn_on_data_ptr = torch._C._set_warn_deprecated_on_mutable_data_ptr
+_fake_init = FakeTensor.__init__
+_fake_config = _ft.FakeTensorConfig
+
+
+def _code_names(fn: Any) -> frozenset[str]:
+    names: set[str] = set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, type(fn.__code__)))
+    return frozenset(names)
+
+
+# The names torch 2.13/2.14's FakeTensor.__new__ uses. FakeTensors.make does
+# what that constructor does for a hit's arguments; a torch whose constructor
+# uses any other name (a new step) keeps its own constructor for every hit.
+_CONSTRUCTOR_NAMES = frozenset(
+    {
+        "AssertionError", "CapturedTraceback", "FakeTensor", "FakeTensorConfig", "FakeTensorMode", "Tensor",
+        "TypeError", "ValueError", "_C", "_FAKE_TENSOR_CONSTRUCTOR_IGNORED_STATE_ATTRS",
+        "_allow_unsafe_data_ptr_access", "_debug_trace", "_is_param", "_make_subclass", "_normalize_fake_device",
+        "_set_throw_on_mutable_data_ptr", "_set_warn_deprecated_on_mutable_data_ptr", "allow_meta", "cast",
+        "constant", "debug", "device", "dict", "dispatch_keys", "extract", "fake_device", "fake_mode",
+        "isinstance", "item_memo", "iter", "nested_int_memo", "next", "nonzero_memo", "object", "pop", "pytype",
+        "real_tensor", "requires_grad", "str", "torch", "type", "unique_consecutive_memo", "unique_memo",
+    }
+)  # fmt: skip
+FAST_FAKE_TENSORS = _code_names(FakeTensor.__new__) == _CONSTRUCTOR_NAMES
+"""Whether :class:`FakeTensors` may make a hit's FakeTensor itself (this torch's constructor is the known one)."""
+
+
+class FakeTensors:
+    """Makes the FakeTensors of one mode's hits, as torch's constructor makes them.
+
+    Note [A hit's FakeTensor]
+    torch's ``FakeTensor(mode, meta, device)`` takes about 10 us: it parses
+    its arguments (a general constructor), normalizes the device, and sets
+    twenty attributes one by one, through descriptors. A hit's output always
+    comes with the same few arguments, so :meth:`make` does what the
+    constructor does for them: ``Tensor._make_subclass`` with the fake
+    device's backend keys, the mutable-data-pointer guard the mode asks for,
+    the instance attributes, and ``FakeTensor.__init__``. The attributes are
+    not written out here: the first tensor a mode makes for a device is
+    torch's own, and its ``__dict__`` (everything None but the mode and the
+    device) is the one every later tensor starts from; any other value
+    (a torch that sets one) keeps torch's constructor for that device. A
+    meta fake device, or FakeTensorConfig.debug, always takes torch's
+    constructor. The canary compares the first outputs with torch's, Python
+    attributes included, and a torch whose constructor refers to names the
+    known one does not (:data:`FAST_FAKE_TENSORS`) keeps its constructor.
+    """
+
+    __slots__ = ("_base",)
+
+    def __init__(self) -> None:
+        # device -> the __dict__ of torch's first FakeTensor of it (None: use torch's constructor)
+        self._base: dict[torch.device, dict[str, Any] | None] = {}
+
+    def make(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+        """``FakeTensor(mode, meta, device)``."""
+        base = self._base.get(device, _UNSEEN)
+        if base is None or _fake_config.debug or not FAST_FAKE_TENSORS:
+            return FakeTensor(mode, meta, device)
+        if base is _UNSEEN:
+            return self._first(mode, meta, device)
+        t = _make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True, device_for_backend_keys=device)
+        if mode._allow_unsafe_data_ptr_access:
+            _warn_on_data_ptr(t)
+        else:
+            _throw_on_data_ptr(t)
+        t.__dict__.update(base)  # type: ignore[arg-type]
+        _fake_init(t)
+        return t
+
+    def _first(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+        t = FakeTensor(mode, meta, device)
+        state = dict(vars(t))
+        plain = (
+            device.type != "meta"
+            and state.get("fake_mode") is mode
+            and state.get("_fake_device") == device
+            and all(v is None for k, v in state.items() if k not in ("fake_mode", "_fake_device"))
+        )
+        self._base[device] = state if plain else None
+        return t
+
+    def clear(self) -> None:
+        """Forgets the attributes it learned (they hold the mode)."""
+        self._base = {}
+
+
+_UNSEEN: Any = object()
 
 
 class _Canary:
@@ -165,7 +277,11 @@ _canary = _Canary()
 
 
 def checked_build(
-    mode: Any, plan: Plan, torch_build: Callable[[], object], args: Sequence[object]
+    mode: Any,
+    plan: Plan,
+    torch_build: Callable[[], object],
+    args: Sequence[object],
+    new_fake: Callable[..., Any] = FakeTensor,
 ) -> object:
     """:func:`build`, compared with ``torch_build()`` while the canary lasts.
 
@@ -173,7 +289,7 @@ def checked_build(
     switches the fast path off for the process, warns, and returns torch's
     output: correct, only slower.
     """
-    ours = build(mode, plan, args)
+    ours = build(mode, plan, args, new_fake)
     if ours is TORCH_PATH or _canary.remaining <= 0:
         return ours
     from torch_cachepolicy.safety import describe, first_difference
@@ -202,6 +318,18 @@ _MAX_PLANS = 4096
 _torch_output = _ft.FakeTensorMode._output_from_cache_entry
 
 
+def _templates_filled(plan: Plan) -> bool:
+    return all(step[0] != _SYMBOLIC or step[1][0] is not None for step in plan[1])
+
+
+def _fill_templates(plan: Plan, output: object) -> None:
+    """Keeps, for each symbolic step, a template of torch's synthesis of that output."""
+    outputs: Any = output if plan[0] else (output,)
+    for step, out in zip(plan[1], outputs, strict=True):
+        if step[0] == _SYMBOLIC and step[1][0] is None:
+            step[1][0] = _meta_template(out)  # type: ignore[misc]
+
+
 class Synthesizer:
     """Builds a mode's outputs from cache entries; one per mode.
 
@@ -214,12 +342,13 @@ class Synthesizer:
     against the very function its hits use.
     """
 
-    __slots__ = ("_plans",)
+    __slots__ = ("_fakes", "_plans")
 
     def __init__(self) -> None:
         # id(entry) -> (entry, plan). The entry is held so that its id cannot
         # name another entry while mapped.
         self._plans: dict[int, tuple[object, Plan | None]] = {}
+        self._fakes = FakeTensors()
 
     def output(
         self,
@@ -243,12 +372,17 @@ class Synthesizer:
             planned = self._plans[id(entry)] = (entry, output_plan(entry, func))
         plan = planned[1]
         if plan is not None:
+            if not _templates_filled(plan):
+                first = _torch_output(mode, state, entry, key, func, args)
+                _fill_templates(plan, first)
+                return first
+            output: object
             if _canary.remaining > 0:
                 output = checked_build(
-                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args
+                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args, self._fakes.make
                 )
             else:
-                output = build(mode, plan, args)
+                output = build(mode, plan, args, self._fakes.make)
             if output is not TORCH_PATH:
                 return output
         return _torch_output(mode, state, entry, key, func, args)
@@ -260,3 +394,4 @@ class Synthesizer:
     def clear(self) -> None:
         """Forgets every plan."""
         self._plans = {}
+        self._fakes.clear()

@@ -1,0 +1,165 @@
+# Owner(s): ["module: fakeTensor"]
+"""Symbolic entries are filed under what the ShapeEnv knows about their own symbols (Note [What the ShapeEnv knows]).
+
+Each test runs one call sequence twice on fresh ShapeEnvs, cached (a policy mode) and uncached (the same mode with
+its cache off), and compares the outputs and the ShapeEnv afterwards: its guards, replacements and value ranges. A
+hit must never stand for a kernel run that would have taught the ShapeEnv something; a fact about other symbols must
+not make an entry unreachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cachepolicy_testing as testing
+import torch
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, statically_known_true
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_cachepolicy as tcp
+from torch_cachepolicy.symbols import knowledge
+
+NS = "tcp_symbols"
+OPS = testing.CountedOps(NS)
+
+
+@OPS.define("ne_guard(Tensor x) -> Tensor")
+def _ne_guard(x: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] != 1)  # a guard on its own symbol, added on the first run only
+    return x.new_empty(x.shape[0] * 2)
+
+
+@OPS.define("mod_guard(Tensor x) -> Tensor")
+def _mod_guard(x: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] % 2 == 0)  # a divisibility fact (it moves the ShapeEnv's version)
+    return x.new_empty(x.shape[0] // 2)
+
+
+@OPS.define("asks_range(Tensor x) -> Tensor")
+def _asks_range(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1 if statically_known_true(x.shape[0] > 7) else 2)
+
+
+@OPS.define("plain(Tensor x) -> Tensor")
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@OPS.define("learns(Tensor x) -> Tensor")
+def _learns(x: torch.Tensor) -> torch.Tensor:
+    if statically_known_true(x.shape[0] > 4):
+        return x.new_empty(1)
+    torch._check(x.shape[0] > 4)  # teaches the ShapeEnv the fact it asked about: the next run answers otherwise
+    return x.new_empty(2)
+
+
+ne_guard = OPS.op("ne_guard")
+mod_guard = OPS.op("mod_guard")
+asks_range = OPS.op("asks_range")
+plain = OPS.op("plain")
+
+
+def symbolic(mode: Any, n: int) -> torch.Tensor:
+    """A fake tensor of size ``n`` whose size is a fresh backed symbol."""
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+    return mode.from_tensor(torch.empty(n), symbolic_context=context)
+
+
+def shape_env_facts(shape_env: ShapeEnv) -> dict[str, object]:
+    """What a ShapeEnv has learned, comparable across ShapeEnvs with the same symbol names."""
+    return {
+        "guards": [str(g.expr) for g in shape_env.guards],
+        "replacements": sorted(f"{k}={v}" for k, v in shape_env.replacements.items()),
+        "ranges": sorted(f"{k}:{v}" for k, v in shape_env.var_to_range.items()),
+        "divisible": sorted(str(d) for d in shape_env.divisible),
+    }
+
+
+class TestSymbols(TestCase):
+    def run_sequence(self, sequence: Callable[[Any], list[object]]) -> tcp.FakeTensorMode:
+        """Runs ``sequence`` cached and uncached, each on a fresh ShapeEnv; asserts equal results and ShapeEnvs."""
+        results, facts = [], []
+        modes = []
+        for cache in (True, False):
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            results.append(sequence(mode))
+            facts.append(shape_env_facts(mode.shape_env))
+            modes.append(mode)
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(facts[0], facts[1])
+        return modes[0]
+
+    def test_guard_about_other_symbols_keeps_entries(self) -> None:
+        """Facts learned about another symbol (a divisibility fact moves the version) leave an entry reachable."""
+        def sequence(mode: Any) -> list[object]:
+            x, y = symbolic(mode, 6), symbolic(mode, 8)
+            out = []
+            with mode:
+                for k in (2, 4, 8):
+                    out.append(str(plain(x).shape))
+                    torch._check(y.shape[0] % k == 0)  # about y's symbol only
+            return out
+
+        mode = self.run_sequence(sequence)
+        self.assertEqual((mode.cache_report()[plain].misses, mode.cache_report()[plain].hits), (1, 2))
+
+    def test_own_guards_are_never_skipped(self) -> None:
+        """A kernel adding a guard on its own symbol runs until it adds nothing; the ShapeEnv ends as uncached."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 6)
+            with mode:
+                return [str(op(x).shape) for op in (ne_guard, ne_guard, mod_guard, mod_guard, ne_guard, mod_guard)]
+
+        OPS.calls.clear()
+        mode = self.run_sequence(sequence)
+        # The first run of mod_guard taught the ShapeEnv a fact about its symbol: its kernel ran once more at once
+        # (Note [What the kernel taught]), returned the same and taught nothing, so its entry serves the later calls.
+        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (1, 2))
+        # ne_guard's symbol learned mod_guard's fact between its second and third call: a miss, rightly.
+        self.assertEqual((mode.cache_report()[ne_guard].misses, mode.cache_report()[ne_guard].hits), (2, 1))
+        self.assertEqual(OPS.calls["mod_guard"], 2 + 3)  # cached run: the miss and its rerun; uncached run: 3
+
+    def test_a_kernel_that_answers_differently_once_taught_is_not_shared(self) -> None:
+        """A kernel whose answer changes with what it taught the ShapeEnv keeps missing until it stops teaching."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 9)
+            with mode:
+                return [str(OPS.op("learns")(x).shape) for _ in range(3)]
+
+        mode = self.run_sequence(sequence)
+        learns = OPS.op("learns")
+        self.assertEqual((mode.cache_report()[learns].misses, mode.cache_report()[learns].hits), (2, 1))
+
+    def test_a_narrowed_range_is_seen(self) -> None:
+        """A kernel asking what the ShapeEnv can prove answers afresh once the symbol's range narrows."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 9)
+            out = []
+            with mode:
+                out += [str(asks_range(x).shape), str(asks_range(x).shape)]
+                torch._check(x.shape[0] > 7)
+                out += [str(asks_range(x).shape), str(asks_range(x).shape)]
+            return out
+
+        mode = self.run_sequence(sequence)
+        self.assertEqual((mode.cache_report()[asks_range].misses, mode.cache_report()[asks_range].hits), (2, 2))
+
+    def test_knowledge_follows_replacements(self) -> None:
+        """Once a symbol is replaced by another, facts about the other count for it."""
+        mode = tcp.FakeTensorMode(shape_env=ShapeEnv())
+        x, y = symbolic(mode, 5), symbolic(mode, 5)
+        sx = x.shape[0].node.expr
+        before = knowledge(mode.shape_env, {sx})
+        torch._check(y.shape[0] > 3)  # about y's symbol only
+        self.assertEqual(knowledge(mode.shape_env, {sx}), before)
+        torch._check(x.shape[0] == y.shape[0])  # sx is replaced by sy (or the reverse)
+        after = knowledge(mode.shape_env, {sx})
+        self.assertNotEqual(after, before)
+        torch._check(y.shape[0] < 9)
+        self.assertNotEqual(knowledge(mode.shape_env, {sx}), after)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,101 @@
+"""What a ShapeEnv knows about the symbols of a cache key.
+
+Note [What the ShapeEnv knows]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A fake kernel may ask the ShapeEnv what it can prove (``statically_known_true``,
+``guard_or_false``, the size-oblivious checks aten's own meta kernels use); the
+answer changes when the ShapeEnv learns something (``torch._check``, a guard,
+a replacement), while the key, which holds the expressions, does not. So a
+symbolic entry of a backend (or higher-order) op is filed under what the
+ShapeEnv knows *about the key's symbols* when the entry's kernel runs.
+
+What can answer such a question is, as torch's ``ShapeEnv._maybe_evaluate_static``
+reads it: the replacements of the expression's symbols (followed, since a
+replacement brings its own symbols), the value ranges of the symbols reached,
+the guards and divisibility facts whose symbols are all among them, the
+deferred runtime assertions on them, and which of them are size-like.
+:func:`knowledge` returns exactly that, so a guard about other symbols (an
+unrelated op's ``!=`` or ``%`` guard) leaves the entry reachable, while any new
+fact about its own symbols selects a new sub-table.
+
+The entry is filed under the knowledge *before* its kernel ran. A kernel that
+adds a guard about its own symbols has therefore changed the knowledge that
+later calls look up under: the entry it made is never served, and the next
+call runs the kernel again, now adding nothing, and makes the entry later
+calls hit. A hit thus never stands for a kernel run that would have taught
+the ShapeEnv something: after any sequence of hits the ShapeEnv holds exactly
+the guards, replacements and ranges an uncached run of the sequence leaves
+(``test_symbols.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["knowledge"]
+
+
+class _Index:
+    """Facts of one ShapeEnv by symbol, extended as the ShapeEnv appends guards."""
+
+    __slots__ = ("by_symbol", "guards_seen")
+
+    def __init__(self) -> None:
+        self.guards_seen = 0
+        # symbol -> (frozenset of the fact's symbols, the fact) for every guard mentioning it.
+        self.by_symbol: dict[Any, list[tuple[frozenset[Any], Any]]] = {}
+
+    def update(self, guards: list[Any]) -> None:
+        for guard in guards[self.guards_seen :]:
+            expr = guard.expr
+            symbols = frozenset(expr.free_symbols)
+            for s in symbols:
+                self.by_symbol.setdefault(s, []).append((symbols, expr))
+        self.guards_seen = len(guards)
+
+
+_indexes: weakref.WeakKeyDictionary[Any, _Index] = weakref.WeakKeyDictionary()
+_NONE: frozenset[Any] = frozenset()
+
+
+def knowledge(shape_env: Any, symbols: Iterable[Any]) -> tuple[object, ...]:
+    """Everything ``shape_env`` knows that bears on expressions over ``symbols``.
+
+    Hashable, and equal for equal knowledge. See Note [What the ShapeEnv knows].
+    """
+    replacements = shape_env.replacements
+    reached = set(symbols)
+    todo = list(reached)
+    while todo:
+        target = replacements.get(todo.pop())
+        if target is not None:
+            for s in target.free_symbols:
+                if s not in reached:
+                    reached.add(s)
+                    todo.append(s)
+    index = _indexes.get(shape_env)
+    if index is None:
+        index = _indexes[shape_env] = _Index()
+    if index.guards_seen != len(shape_env.guards):
+        index.update(shape_env.guards)
+    ranges = shape_env.var_to_range
+    asserts = shape_env.deferred_runtime_asserts
+    size_like = shape_env.size_like
+    facts: set[Any] = set()
+    for s in reached:
+        for fact_symbols, fact in index.by_symbol.get(s, ()):
+            if fact_symbols <= reached:
+                facts.add(fact)
+    divisible = frozenset(d for d in shape_env.divisible if d.free_symbols <= reached) if shape_env.divisible else _NONE
+    per_symbol = tuple(
+        sorted(
+            (
+                (str(s), replacements.get(s), ranges.get(s), len(asserts.get(s, ())), s in size_like)
+                for s in reached
+            ),
+            key=lambda row: row[0],
+        )
+    )
+    return (per_symbol, frozenset(facts), divisible)
