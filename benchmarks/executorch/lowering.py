@@ -36,7 +36,7 @@ from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
 from benchmarks.executorch.flows import Flow, get_flow
-from benchmarks.executorch.models import build_model
+from benchmarks.executorch.models import model_case
 from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
@@ -70,7 +70,9 @@ def quantized_program_factory(
     Args:
         seed: seeds the weights and the calibration batch.
         flow: a name of :data:`~benchmarks.executorch.flows.FLOWS`.
-        model: a name of :data:`~benchmarks.executorch.models.MODELS`.
+        model: a name of :data:`~benchmarks.executorch.models.MODELS`, in the
+            flow's model family (its dynamic shapes, if any, are exported
+            both times: before quantization and for every lowering).
         policy: if given, the graph module handed to the quantizer is adopted
             onto a policy mode first, so the ExportPasses a quantizer runs in
             ``transform_for_annotation`` (Cortex-M) dispatch through it.
@@ -84,13 +86,16 @@ def quantized_program_factory(
     from torch_cachepolicy.adopt import adopt
 
     spec = get_flow(flow)
-    module, example, _ = build_model(model, seed)
+    case = model_case(model, seed, family=spec.model_family)
+    example, dynamic_shapes = case.example, case.dynamic_shapes
     if spec.channels_last:
         example = tuple(t.to(memory_format=torch.channels_last) for t in example)
     # check_guards=False: with guards, torch 2.13 adds a `_guards_fn`
     # call_module node that ExportPass (the Cortex-M quantizer's
     # transform_for_annotation) rejects.
-    graph_module = torch.export.export(module, example).module(check_guards=False)
+    graph_module = torch.export.export(case.module, example, dynamic_shapes=dynamic_shapes).module(
+        check_guards=False
+    )
     if policy is not None:
         adopt(graph_module, cache_policy=policy)
     prepared = prepare_pt2e(graph_module, spec.make_quantizer())
@@ -98,7 +103,7 @@ def quantized_program_factory(
     converted = convert_pt2e(prepared)
 
     def export() -> ExportedProgram:
-        return torch.export.export(converted, example)
+        return torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
 
     return export
 

@@ -12,15 +12,16 @@ def render_markdown(results: dict[str, Any]) -> str:
     """The result of :func:`~benchmarks.executorch.runner.run` as Markdown tables, one section per flow."""
     env, settings = results["environment"], results["settings"]
     lines = [
-        f"ExecuTorch {env['executorch']}, torch {env['torch']}, model `{settings['model']}` "
-        f"({settings['model_description']}); {settings['repeats']} interleaved rounds after 1 warm-up, "
-        f"{env['cpu_count']} CPUs",
+        f"ExecuTorch {env['executorch']}, torch {env['torch']}, model `{settings['model']}`; "
+        f"{settings['repeats']} interleaved rounds after 1 warm-up, {env['cpu_count']} CPUs",
     ]
     for name, flow in results["flows"].items():
         configs = flow["configs"]
         lines += [
             "",
             f"### {name}: {flow['title']}, {flow['delegates']} delegate(s)",
+            "",
+            f"model: {flow.get('model_description', settings.get('model_description', '-'))}",
             "",
             "| config | median wall s | median CPU s | setup ms | hits | misses |",
             "| --- | --- | --- | --- | --- | --- |",

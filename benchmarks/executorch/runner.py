@@ -16,7 +16,7 @@ import torch_cachepolicy as tcp
 from benchmarks.executorch.environment import check_runnable, environment
 from benchmarks.executorch.flows import ETHOS_U_TARGET, Flow, get_flow
 from benchmarks.executorch.lowering import CONFIGS, Lowering, lower, quantized_program_factory
-from benchmarks.executorch.models import build_model
+from benchmarks.executorch.models import model_case
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
 __all__ = ["RATIOS", "SCHEMA", "run"]
@@ -99,6 +99,7 @@ def _run_flow(
     }
     return {
         "title": flow.title,
+        "model_description": model_case(model, family=flow.model_family).description,
         "delegates": len(reference.payloads),
         "configs": configs,
         "ratios": ratios,
@@ -149,7 +150,7 @@ def run(
         raise ValueError(f"run(configs=...): expected a non-empty subset of {CONFIGS}, got {list(configs)}")
     order = [c for c in CONFIGS if c in configs]
     specs = [get_flow(name) for name in flows]
-    _, _, description = build_model(model)
+    descriptions = {spec.model_family: model_case(model, family=spec.model_family).description for spec in specs}
     policy = executorch_policy()
     return {
         "schema": SCHEMA,
@@ -161,7 +162,9 @@ def run(
             "ethos_u_target": ETHOS_U_TARGET,
             "namespaces": list(EXECUTORCH_NAMESPACES),
             "model": model,
-            "model_description": description,
+            # The first flow's model; every flow's is in flows[name]["model_description"].
+            "model_description": descriptions[specs[0].model_family],
+            "model_descriptions": descriptions,
             "flows": [f.name for f in specs],
         },
         "flows": {spec.name: _run_flow(spec, model, repeats, policy, progress, order) for spec in specs},
