@@ -15,7 +15,9 @@ one of :data:`CONFIGS`:
   entries not shared with torch's class-global cache either).
 
 Only the lowering call is timed; ``adopt`` and the patch's enter/exit are
-timed separately (``setup_seconds``). What it produced is kept as digests
+timed separately (``setup_seconds``). ``lower(..., record=True)`` runs the
+lowering under :func:`benchmarks.dispatch_recorder.recording` (outcomes on),
+entered outside the timed span, for the census's split of the lowering time. What it produced is kept as digests
 (:func:`delegate_payloads`, :func:`constants_digest`) so that every lowering
 of a flow can be checked to give the same program.
 """
@@ -136,6 +138,9 @@ class Lowering:
         edge: the lowered ``ExportedProgram``.
         constants: a SHA-256 digest of the lowered program's state dict and
             constants (names, dtypes, shapes, bytes).
+        bypasses: cache bypasses during the lowering, counted like ``hits``.
+        census: the dispatch recorder's census of the lowering
+            (``record=True`` only).
     """
 
     config: str
@@ -149,6 +154,8 @@ class Lowering:
     mode: tcp.FakeTensorMode | None = None
     edge: Any = field(default=None, repr=False)
     constants: str = ""
+    bypasses: int = 0
+    census: Any = field(default=None, repr=False)
 
 
 def delegate_payloads(graph_module: torch.fx.GraphModule) -> dict[str, bytes]:
@@ -185,6 +192,7 @@ def lower(
     flow: str | Flow = "ethos-u55",
     policy: tcp.CachePolicy | None = None,
     quiet: bool = True,
+    record: bool = False,
 ) -> Lowering:
     """Lowers ``ep`` with ``flow``'s lowering under ``config``.
 
@@ -196,10 +204,15 @@ def lower(
             :func:`executorch_policy`. Reuse one across calls: its identity
             names the cache partition.
         quiet: swallow what the lowering prints to stdout (Vela's summary).
+        record: run the lowering under the dispatch recorder (cache outcomes
+            and exclusive times recorded; a few microseconds more per
+            dispatch, inside the timed span). The recorder is entered and
+            left outside the timed span.
 
     Returns:
         The timings and outputs of the lowering.
     """
+    from benchmarks.dispatch_recorder import recording
     from benchmarks.global_patch import global_patch
     from torch_cachepolicy.adopt import adopt
 
@@ -216,23 +229,22 @@ def lower(
         setup = time.perf_counter() - start
     elif config == "global-patch":
         scope = global_patch(EXECUTORCH_NAMESPACES, shape_envs=[program_mode(ep).shape_env])
-    hits0, misses0 = _ft.FakeTensorMode.cache_hits, _ft.FakeTensorMode.cache_misses
+    # Counted around the lowering only (adopt's own dispatches, if any, excluded).
+    before = _counts(mode)
     out = io.StringIO()
+    census = None
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
         start = time.perf_counter()
         with scope:
             setup += time.perf_counter() - start
-            # A collection triggered by earlier garbage must not land in one
-            # configuration's figure: collect first, GC off meanwhile.
-            with timed() as timing:
-                lowered = spec.lower_program(ep)
+            with recording(outcomes=True) if record else contextlib.nullcontext() as census:
+                # A collection triggered by earlier garbage must not land in one
+                # configuration's figure: collect first, GC off meanwhile.
+                with timed() as timing:
+                    lowered = spec.lower_program(ep)
             exit_start = time.perf_counter()
         setup += time.perf_counter() - exit_start
-    if mode is not None:
-        info = mode.cache_info()
-        hits, misses = info.hits, info.misses
-    else:
-        hits, misses = _ft.FakeTensorMode.cache_hits - hits0, _ft.FakeTensorMode.cache_misses - misses0
+    hits, misses, bypasses = (a - b for a, b in zip(_counts(mode), before, strict=True))
     gm = lowered.graph_module
     return Lowering(
         config,
@@ -246,4 +258,15 @@ def lower(
         mode,
         lowered,
         constants_digest(lowered),
+        bypasses,
+        census,
     )
+
+
+def _counts(mode: tcp.FakeTensorMode | None) -> tuple[int, int, int]:
+    """Hits, misses and bypasses so far: the policy mode's own, or torch's class counters."""
+    if mode is not None:
+        info = mode.cache_info()
+        return info.hits, info.misses, sum(info.bypasses.values())
+    cls = _ft.FakeTensorMode
+    return cls.cache_hits, cls.cache_misses, sum(cls.cache_bypasses.values())
