@@ -103,7 +103,7 @@ bench-executorch-split: bench-install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results
 	$(PYTHON) -m benchmarks.executorch --flow ethos-u55 --model large --repeats 0 --split \
-		--json bench-results/executorch-large-split.json
+		--json bench-results/executorch-large-limit.json
 
 # torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
 # The package is installed editable from a copy of the tree, so its _C is built

@@ -21,9 +21,11 @@ a dynamic sequence length (``torch.export.Dim``):
 
 * ``xnnpack-dynamic``: the ``xnnpack`` flow's quantizer and lowering. XNNPACK
   does not delegate reshapes to a symbolic shape (``ViewCopyConfig``:
-  "Symbolic reshape is not supported"), so every attention's head split and
-  merge stays outside and the program lowers to 1 + 6 per layer delegates
-  (7 for the tiny model, 25 for the large one).
+  "Symbolic reshape is not supported"), nor ``expand_copy`` and
+  ``split_with_sizes_copy`` (no config), so every attention's head split and
+  merge, its batched matmuls' expands and its QKV split stay outside and the
+  program lowers to 1 + 6 delegates per layer (7 for the tiny model, 25 for
+  the large one).
 
 Every ExecuTorch import happens inside the function that needs it, so this
 module imports without ExecuTorch.
