@@ -18,6 +18,9 @@ TORCH_PIN ?= torch==2.13.0
 BUILD_TOOLS := "setuptools>=64" wheel
 # Written once the package is installed; rebuilt when a build input changes.
 INSTALLED := $(VENV)/.installed
+# Written once the benchmarks' extra (setup.py's extras_require["bench"]: matplotlib, for
+# the charts) is installed too; only the bench targets need it.
+BENCH_INSTALLED := $(VENV)/.bench-installed
 
 VENV214 ?= .venv-torch214
 TORCH214_PIN ?= torch==2.14.1
@@ -27,8 +30,8 @@ TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_
 	test/test_keybuilder.py test/test_synth.py test/test_keyparts.py test/test_export.py test/test_adopt.py \
 	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
 
-.PHONY: install bench bench-full lint test test-fallback test-main test-wheel test-executorch test-torch214 \
-	bench-executorch bench-executorch-large clean clean-venvs
+.PHONY: install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
+	test-torch214 bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
 
 $(PYTHON):
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
@@ -42,10 +45,19 @@ $(INSTALLED): $(PYTHON) setup.py pyproject.toml torch_cachepolicy/version.py $(w
 
 install: $(INSTALLED)
 
-bench: install
+# setup.py's "bench" extra (the package itself never needs it), read from setup.py by
+# benchmarks/extras.py: `pip install -e ".[bench]"` would build the C++ helper again.
+$(BENCH_INSTALLED): $(INSTALLED) setup.py
+	$(PIP) install --quiet $$($(PYTHON) -m benchmarks.extras bench)
+	touch $@
+
+bench-install: $(BENCH_INSTALLED)
+
+# Tables (results.md, results.json) and charts (hitcost.png, replay.png) in bench-results/.
+bench: bench-install
 	$(PYTHON) -m benchmarks.replay --quick --out bench-results
 
-bench-full: install
+bench-full: bench-install
 	$(PYTHON) -m benchmarks.replay --out bench-results
 
 lint: install
@@ -70,18 +82,28 @@ test-executorch: install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	$(PYTHON) -m pytest -q test/integration
 
-# ExecuTorch lowering, stock vs global patch vs policy: the three flows on the tiny
+# ExecuTorch lowering, stock vs global patch vs policy: the four flows on the tiny
 # model (a few minutes), and Ethos-U55 on the large model (about 1 minute per round).
-bench-executorch: install
+# Each writes NAME.json, NAME.md (the tables) and the charts NAME-lowering.png (and
+# NAME-split.png with --split) in bench-results/.
+bench-executorch: bench-install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results
 	$(PYTHON) -m benchmarks.executorch --flow all --census --json bench-results/executorch-tiny.json
 
-bench-executorch-large: install
+bench-executorch-large: bench-install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results
 	$(PYTHON) -m benchmarks.executorch --flow ethos-u55 --model large --census \
 		--json bench-results/executorch-large.json
+
+# The split of the large Ethos-U55 lowering into fake dispatch (by outcome and mode) and the
+# rest, and the distance to free fake dispatch (docs/executorch.md; about 6 minutes).
+bench-executorch-split: bench-install
+	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
+	mkdir -p bench-results
+	$(PYTHON) -m benchmarks.executorch --flow ethos-u55 --model large --repeats 0 --split \
+		--json bench-results/executorch-large-limit.json
 
 # torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
 # The package is installed editable from a copy of the tree, so its _C is built
@@ -106,7 +128,7 @@ test-torch214:
 test: install lint test-fallback test-main test-executorch test-torch214
 
 clean:
-	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED)
+	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED) $(BENCH_INSTALLED)
 
 clean-venvs:
 	rm -rf $(VENV) $(VENV214)

@@ -53,6 +53,9 @@ setup(
         "test": ["expecttest", "pytest", "numpy"],
         # `make lint`; pinned because new releases add rules and checks.
         "lint": ["ruff==0.17.6", "mypy==2.4.1"],
+        # The benchmarks' charts (benchmarks/charts.py), installed by the Makefile's bench targets;
+        # without it the benchmarks print and write their tables and skip the charts.
+        "bench": ["matplotlib==3.11.2"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -367,10 +367,10 @@ class TestExecutorchPackage(TestCase):
         self.assertGreaterEqual(convs("large"), 20)
 
     def test_flows_and_errors(self) -> None:
-        """FLOWS names the three flows; unknown flows and models are rejected."""
+        """FLOWS names the four flows; unknown flows and models are rejected."""
         from benchmarks import executorch as flow
 
-        self.assertEqual(sorted(flow.FLOWS), ["cortex-m", "ethos-u55", "xnnpack"])
+        self.assertEqual(sorted(flow.FLOWS), ["cortex-m", "ethos-u55", "xnnpack", "xnnpack-dynamic"])
         self.assertIs(flow.get_flow("xnnpack"), flow.FLOWS["xnnpack"])
         with self.assertRaisesRegex(ValueError, "unknown flow"):
             flow.get_flow("hexagon")

@@ -126,6 +126,7 @@ class TestWheel(TestCase):
             "\n".join(requires),
             """\
 expecttest; extra == "test"
+matplotlib==3.11.2; extra == "bench"
 mypy==2.4.1; extra == "lint"
 numpy; extra == "test"
 pytest; extra == "test"

@@ -1,9 +1,16 @@
-"""The dispatch census: which fake dispatches of a whole pipeline the policy does not reach.
+"""The dispatch census: which fake dispatches the policy does not reach, and how far the policy is from the limit.
 
-Runs each flow's whole pipeline (quantize, export, lower) once per
-configuration under :mod:`benchmarks.dispatch_recorder` and reports which fake
-dispatches went to modes the policy does not reach, and the share of the stock
-lowering spent in fake dispatch of backend ops.
+Two modes, both under :mod:`benchmarks.dispatch_recorder`:
+
+* :func:`census` (``--census``) runs each flow's whole pipeline (quantize,
+  export, lower) once per configuration and reports which fake dispatches went
+  to modes the policy does not reach, and the share of the stock lowering
+  spent in fake dispatch of backend ops;
+* :func:`split_lowering` (``--split``) splits one lowering's time into fake
+  dispatch (hits, misses, bypasses, uncached; on the policy mode or on stock
+  modes) and the rest, for stock, the global patch and the policy, and
+  reports how far each is from a lowering whose fake dispatches were all free
+  (Note [The split of a lowering]).
 """
 
 from __future__ import annotations
@@ -11,17 +18,35 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import statistics
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch_cachepolicy as tcp
 from benchmarks.executorch.environment import check_runnable, environment
 from benchmarks.executorch.flows import FLOWS, Flow, get_flow
-from benchmarks.executorch.lowering import constants_digest, delegate_payloads, quantized_program_factory
+from benchmarks.executorch.lowering import (
+    Lowering,
+    constants_digest,
+    delegate_payloads,
+    lower,
+    quantized_program_factory,
+)
+from benchmarks.executorch.models import model_case
+from benchmarks.progress import Rounds
 from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
-__all__ = ["CENSUS_CONFIGS", "CENSUS_PHASES", "CENSUS_SCHEMA", "census", "census_pipeline"]
+__all__ = [
+    "CENSUS_CONFIGS",
+    "CENSUS_PHASES",
+    "CENSUS_SCHEMA",
+    "SPLIT_CONFIGS",
+    "SPLIT_SCHEMA",
+    "census",
+    "census_pipeline",
+    "split_lowering",
+]
 
 # The schema keeps the name of the module that first wrote it, so that
 # results written before the package split still compare.
@@ -161,14 +186,16 @@ def census(
     backend = frozenset(EXECUTORCH_NAMESPACES)
     policy = executorch_policy()
     out: dict[str, Any] = {}
+    rounds = Rounds(len(flows) * (1 + len(CENSUS_CONFIGS)), progress)
     for name in flows:
         spec = get_flow(name)
         census_pipeline(spec, "stock", model=model, policy=policy)  # warm-up, discarded
+        rounds.done(f"census {spec.name} warm-up pipeline")
         runs: dict[str, Any] = {}
         for config in CENSUS_CONFIGS:
             runs[config] = census_pipeline(spec, config, model=model, policy=policy)
-            if progress is not None:
-                progress(f"census {spec.name} {config}: {runs[config]['phase_seconds']}")
+            phases = ", ".join(f"{ph} {t:.2f}" for ph, t in runs[config]["phase_seconds"].items())
+            rounds.done(f"census {spec.name} {config} pipeline, s: {phases}")
         stock = runs["stock"]
         lower_s = stock["phase_seconds"]["lower"]
         lower_rows = [r for r in stock["rows"] if r["phase"] == "lower"]
@@ -220,3 +247,306 @@ def census(
         "settings": {"model": model, "flows": list(flows), "configs": list(CENSUS_CONFIGS)},
         "flows": out,
     }
+
+
+SPLIT_SCHEMA = "benchmarks.executorch.split/1"
+"""The ``schema`` of :func:`split_lowering`'s result."""
+
+SPLIT_CONFIGS: tuple[str, ...] = ("stock", "global-patch", "policy")
+"""The configurations :func:`split_lowering` runs."""
+
+# Note [The split of a lowering]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Each round lowers the same quantized program six times, each on a fresh
+# export: under every configuration plain (timed exactly as the timed run
+# times it: `lower`, GC off, collection first) and under the dispatch
+# recorder with outcomes on (`lower(..., record=True)`); plain first in even
+# rounds, recorded first in odd ones. In a recorded lowering of total time T
+# (wall or CPU):
+#
+# * F, the time inside fake dispatch: the inclusive time of the outermost
+#   fake dispatches (a dispatch inside another one's kernel is inside its
+#   parent's time and not counted again). It splits exactly into the
+#   dispatches' exclusive times (each one's own time, its nested
+#   dispatches' taken out), by mode (the policy mode, or stock modes: those
+#   the policy does not reach) and by each dispatch's own cache outcome (hit,
+#   miss, bypass, uncached);
+# * R = T - F, the rest: the passes' own Python, FX, serialization, Vela.
+#
+# The recorder's bookkeeping runs inside the recorded dispatch times (its
+# clocks start first and stop last), so F includes it: calibrated in the same
+# round (`overhead_per_dispatch`: recorded minus plain batches of aten hits,
+# per mode kind) and subtracted per dispatch, F' = F - sum(calls x overhead),
+# and likewise from each part. R needs no correction (the recorder adds a
+# function call and a few hundred nanoseconds of bookkeeping per outermost
+# dispatch outside the clocks: well under 0.1% of a lowering).
+#
+# The distance to the limit, "time / time with every fake dispatch free", is
+# (R + F') / R from the recorded lowering alone (both terms from one run, so
+# no cross-run noise); `plain / rest` is T_plain / R, the plain lowering of
+# the same round over the recorded one's rest, and `check` is
+# (R + F') / T_plain, which is 1 when the calibration holds (the run-to-run
+# noise of one lowering shows in it too). The configuration ratios
+# (policy/stock, ...) are medians of per-round ratios of the plain
+# lowerings, as in the timed run.
+
+
+def _recorded_split(low: Lowering, overhead: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """A recorded lowering's split (Note [The split of a lowering]), wall and CPU."""
+    from benchmarks.dispatch_recorder import OUTCOMES, DispatchCensus
+
+    census: DispatchCensus = low.census
+    kinds = ("policy", "stock")
+    calls = {k: census.total(kind=k).calls for k in kinds}
+    out: dict[str, Any] = {
+        "calls": {k: {o: census.exclusive(kind=k, outcome=o).calls for o in OUTCOMES} for k in kinds},
+        "outer_calls": census.total().outer_calls,
+        "counts": {"hits": low.hits, "misses": low.misses, "bypasses": low.bypasses},
+    }
+    for clock, attr, outer_attr in (("wall", "seconds", "outer_seconds"), ("cpu", "cpu_seconds", "outer_cpu_seconds")):
+        total = low.seconds if clock == "wall" else low.cpu_seconds
+        fake = getattr(census.total(), outer_attr)
+        o = {k: overhead[k][attr] for k in kinds}
+        recorder = sum(calls[k] * o[k] for k in kinds)
+        parts = {
+            k: {
+                outcome: getattr(census.exclusive(kind=k, outcome=outcome), attr)
+                - census.exclusive(kind=k, outcome=outcome).calls * o[k]
+                for outcome in OUTCOMES
+            }
+            for k in kinds
+        }
+        rest = total - fake
+        out[clock] = {
+            "total": total,
+            "fake": fake,
+            "recorder": recorder,
+            "fake_net": fake - recorder,
+            "rest": rest,
+            "parts": parts,
+            "limit": (rest + fake - recorder) / rest,
+        }
+    return out
+
+
+def _policy_check(low: Lowering) -> dict[str, Any]:
+    """The recorder's outcomes on the policy mode against the mode's own counters (policy lowerings)."""
+    from benchmarks.dispatch_recorder import DispatchCensus
+
+    census: DispatchCensus = low.census
+    seen = {
+        "hits": census.exclusive(kind="policy", outcome="hit").calls,
+        "misses": census.exclusive(kind="policy", outcome="miss").calls,
+        "bypasses": census.exclusive(kind="policy", outcome="bypass").calls,
+    }
+    mode = {"hits": low.hits, "misses": low.misses, "bypasses": low.bypasses}
+    return {"recorder": seen, "mode": mode, "ok": seen == mode}
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def split_lowering(
+    flows: Sequence[str] = ("ethos-u55",),
+    *,
+    model: str = "tiny",
+    rounds: int = 3,
+    configs: Sequence[str] = SPLIT_CONFIGS,
+    top_ops: int = 12,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Splits each flow's lowering time into fake dispatch and the rest (Note [The split of a lowering]).
+
+    Args:
+        flows: names of :data:`~benchmarks.executorch.flows.FLOWS`.
+        model: a name of :data:`~benchmarks.executorch.models.MODELS`.
+        rounds: measured rounds per flow, after one discarded warm-up round
+            (every configuration lowered plain once).
+        configs: a subset of :data:`SPLIT_CONFIGS`.
+        top_ops: how many operators to list per configuration and outcome.
+        progress: called with one line per round (and per warm-up round).
+
+    Returns:
+        ``{"schema", "environment", "settings", "flows"}``; ``flows[name]``
+        has, per configuration, the plain lowerings' ``seconds`` /
+        ``cpu_seconds`` and the recorded ones' splits (``splits``: per round
+        ``wall`` / ``cpu`` totals, fake dispatch, the recorder's estimated
+        share, the rest, ``parts[kind][outcome]``, ``limit``), their
+        ``summary`` (medians over rounds), the operators taking the most
+        exclusive time per outcome (``ops``, per lowering, mean over
+        rounds), the bypass reasons per operator, the stock modes that
+        dispatched in a recorded lowering (``stock_modes``), and
+        ``ratios`` between configurations (medians of per-round ratios of
+        the plain lowerings); ``calibration`` (the recorder's overhead per
+        dispatch, per round), ``policy_check`` (the recorder's hits /
+        misses / bypasses on the policy mode against the mode's counters)
+        and ``identical`` (every lowering's outputs equal).
+    """
+    check_runnable(rounds)
+    unknown = set(configs) - set(SPLIT_CONFIGS)
+    if unknown or not configs:
+        raise ValueError(f"split_lowering(configs=...): expected a non-empty subset of {SPLIT_CONFIGS}")
+    order = [c for c in SPLIT_CONFIGS if c in configs]
+    policy = executorch_policy()
+    clock = Rounds(len(flows) * (rounds + 1), progress)
+    return {
+        "schema": SPLIT_SCHEMA,
+        "environment": environment(),
+        "settings": {"model": model, "flows": list(flows), "configs": order, "rounds": rounds, "warmup_rounds": 1},
+        "flows": {
+            name: _split_flow(get_flow(name), model, rounds, order, policy, clock, top_ops) for name in flows
+        },
+    }
+
+
+def _split_flow(
+    spec: Flow,
+    model: str,
+    rounds: int,
+    order: Sequence[str],
+    policy: tcp.CachePolicy,
+    clock: Rounds,
+    top_ops: int,
+) -> dict[str, Any]:
+    """:func:`split_lowering` for one flow."""
+    from benchmarks.dispatch_recorder import overhead_per_dispatch
+
+    fresh_program = quantized_program_factory(flow=spec, model=model)
+    reference: list[tuple[Any, ...]] = []
+    identical = True
+
+    def run(config: str, record: bool) -> Lowering:
+        nonlocal identical
+        low = lower(fresh_program(), config, flow=spec, policy=policy, record=record)
+        outputs = (low.payloads, low.graph_code, low.constants)
+        if not reference:
+            reference.append(outputs)
+        identical &= outputs == reference[0]
+        return low
+
+    for config in order:  # warm-up round, discarded
+        run(config, False)
+    clock.done(f"split {spec.name} warm-up")
+    plain: dict[str, list[tuple[float, float]]] = {c: [] for c in order}
+    splits: dict[str, list[dict[str, Any]]] = {c: [] for c in order}
+    ops: dict[str, dict[tuple[str, str, str], list[float]]] = {c: {} for c in order}
+    reasons: dict[str, dict[tuple[str, str, str], int]] = {c: {} for c in order}
+    stock_modes: dict[str, dict[str, int]] = {c: {} for c in order}
+    calibration: list[dict[str, dict[str, float]]] = []
+    policy_check: list[dict[str, Any]] = []
+    for r in range(rounds):
+        overhead = overhead_per_dispatch(outcomes=True)
+        calibration.append(overhead)
+        sequence = [(c, False) for c in order] + [(c, True) for c in order]
+        if r % 2:  # recorded first in odd rounds
+            sequence = sequence[len(order) :] + sequence[: len(order)]
+        line = []
+        for config, record in sequence:
+            low = run(config, record)
+            line.append(f"{config}{' (recorded)' if record else ''} {low.seconds:.1f}/{low.cpu_seconds:.1f}")
+            if not record:
+                plain[config].append((low.seconds, low.cpu_seconds))
+            else:
+                splits[config].append(_recorded_split(low, overhead))
+                if config == "policy":
+                    policy_check.append(_policy_check(low))
+                for row in low.census.op_outcome_rows():
+                    cell = ops[config].setdefault((row["kind"], row["op"], row["outcome"]), [0, 0.0, 0.0])
+                    cell[0] += row["calls"]
+                    cell[1] += row["seconds"]
+                    cell[2] += row["cpu_seconds"]
+                for row in low.census.bypass_reason_rows():
+                    key = (row["kind"], row["op"], row["reason"])
+                    reasons[config][key] = reasons[config].get(key, 0) + row["calls"]
+                for m in low.census.modes:
+                    if m.kind == "stock" and m.calls:
+                        stock_modes[config][m.site] = stock_modes[config].get(m.site, 0) + m.calls
+            # Only the figures are kept: programs, modes and censuses would pile up.
+            low.edge = low.mode = low.census = None
+        clock.done(f"split {spec.name} round {r + 1}/{rounds}, s wall/CPU: {', '.join(line)}")
+    summary = _summarize_split(order, plain, splits, ops, reasons, stock_modes, rounds, top_ops)
+    return {
+        "title": spec.title,
+        "model_description": model_case(model, family=spec.model_family).description,
+        **summary,
+        "calibration": calibration,
+        "policy_check": policy_check,
+        "identical": identical,
+    }
+
+
+def _summarize_split(
+    order: Sequence[str],
+    plain: dict[str, list[tuple[float, float]]],
+    splits: dict[str, list[dict[str, Any]]],
+    ops: dict[str, dict[tuple[str, str, str], list[float]]],
+    reasons: dict[str, dict[tuple[str, str, str], int]],
+    stock_modes: dict[str, dict[str, int]],
+    rounds: int,
+    top_ops: int,
+) -> dict[str, Any]:
+    from benchmarks.dispatch_recorder import OUTCOMES
+
+    configs: dict[str, Any] = {}
+    for config in order:
+        per_round = splits[config]
+        summary: dict[str, Any] = {}
+        for clock in ("wall", "cpu"):
+            index = 0 if clock == "wall" else 1
+            t_plain = [p[index] for p in plain[config]]
+            rest = [s[clock]["rest"] for s in per_round]
+            summary[clock] = {
+                "plain": _median(t_plain),
+                **{k: _median([s[clock][k] for s in per_round]) for k in ("total", "fake", "recorder", "fake_net", "rest")},
+                "parts": {
+                    kind: {o: _median([s[clock]["parts"][kind][o] for s in per_round]) for o in OUTCOMES}
+                    for kind in ("policy", "stock")
+                },
+                "limit": _median([s[clock]["limit"] for s in per_round]),
+                "plain_over_rest": _median([t / r for t, r in zip(t_plain, rest, strict=True)]),
+                "check": _median(
+                    [(s[clock]["rest"] + s[clock]["fake_net"]) / t for s, t in zip(per_round, t_plain, strict=True)]
+                ),
+            }
+        rows: list[dict[str, Any]] = [
+            {"kind": kind, "op": op, "outcome": outcome, "calls": n / rounds, "seconds": w / rounds, "cpu_seconds": c / rounds}
+            for (kind, op, outcome), (n, w, c) in ops[config].items()
+        ]
+        top: dict[str, list[dict[str, Any]]] = {}
+        for outcome in OUTCOMES:
+            chosen = [row for row in rows if row["outcome"] == outcome]
+            chosen.sort(key=lambda row: -row["cpu_seconds"])
+            top[outcome] = chosen[:top_ops]
+        configs[config] = {
+            "seconds": [p[0] for p in plain[config]],
+            "cpu_seconds": [p[1] for p in plain[config]],
+            "splits": per_round,
+            "summary": summary,
+            "calls": per_round[0]["calls"] if per_round else {},
+            "counts": per_round[0]["counts"] if per_round else {},
+            "ops": top,
+            "bypass_reasons": [
+                {"kind": kind, "op": op, "reason": reason, "calls": n / rounds}
+                for (kind, op, reason), n in sorted(reasons[config].items(), key=lambda item: -item[1])
+            ],
+            "stock_modes": [{"site": site, "calls": n / rounds} for site, n in stock_modes[config].items()],
+        }
+    ratios: dict[str, Any] = {}
+    for name, num, den in (
+        ("global-patch/stock", "global-patch", "stock"),
+        ("policy/stock", "policy", "stock"),
+        ("policy/global-patch", "policy", "global-patch"),
+    ):
+        if num in plain and den in plain:
+            ratios[name] = {
+                clock: _median([n[i] / d[i] for n, d in zip(plain[num], plain[den], strict=True)])
+                for clock, i in (("wall", 0), ("cpu", 1))
+            }
+            ratios[f"{name} (rest)"] = {
+                clock: _median(
+                    [n[clock]["rest"] / d[clock]["rest"] for n, d in zip(splits[num], splits[den], strict=True)]
+                )
+                for clock in ("wall", "cpu")
+            }
+    return {"configs": configs, "ratios": ratios}

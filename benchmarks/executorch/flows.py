@@ -1,7 +1,8 @@
 """The ExecuTorch backend flows as data: each a quantizer and a lowering.
 
-Three flows (:data:`FLOWS`), each a :class:`Flow`: a quantizer, and a lowering
-from a quantized ``ExportedProgram`` to the final one.
+Four flows (:data:`FLOWS`), each a :class:`Flow`: a model family, a
+quantizer, and a lowering from a quantized ``ExportedProgram`` to the final
+one. The first three lower the ``image`` models (static shapes):
 
 * ``ethos-u55``: ``EthosUQuantizer`` for ``ethos-u55-128``, then
   ``to_edge_transform_and_lower(ep, partitioner=[EthosUPartitioner(spec)])``
@@ -14,6 +15,17 @@ from a quantized ``ExportedProgram`` to the final one.
 * ``xnnpack``: ``XNNPACKQuantizer`` with its symmetric config, then
   ``to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])``
   (one delegate, XNNPACK's flatbuffer).
+
+The fourth lowers the ``sequence`` model (a transformer encoder) exported with
+a dynamic sequence length (``torch.export.Dim``):
+
+* ``xnnpack-dynamic``: the ``xnnpack`` flow's quantizer and lowering. XNNPACK
+  does not delegate reshapes to a symbolic shape (``ViewCopyConfig``:
+  "Symbolic reshape is not supported"), nor ``expand_copy`` and
+  ``split_with_sizes_copy`` (no config), so every attention's head split and
+  merge, its batched matmuls' expands and its QKV split stay outside and the
+  program lowers to 1 + 6 delegates per layer (7 for the tiny model, 25 for
+  the large one).
 
 Every ExecuTorch import happens inside the function that needs it, so this
 module imports without ExecuTorch.
@@ -48,6 +60,9 @@ class Flow:
         make_quantizer: builds the flow's pt2e quantizer.
         lower_program: lowers a quantized exported program; returns the final
             ``ExportedProgram``.
+        model_family: the family of :data:`~benchmarks.executorch.models.FAMILIES`
+            the flow lowers (``image``: static shapes; ``sequence``: a dynamic
+            sequence length).
     """
 
     name: str
@@ -57,6 +72,7 @@ class Flow:
     channels_last: bool
     make_quantizer: Callable[[], Any] = field(repr=False)
     lower_program: Callable[[ExportedProgram], ExportedProgram] = field(repr=False)
+    model_family: str = "image"
 
 
 def _ethos_u_spec() -> Any:
@@ -142,6 +158,16 @@ FLOWS: dict[str, Flow] = {
             channels_last=False,
             make_quantizer=_xnnpack_quantizer,
             lower_program=_xnnpack_lower,
+        ),
+        Flow(
+            "xnnpack-dynamic",
+            "XNNPACK (XnnpackPartitioner), transformer with a dynamic sequence length",
+            ("quantized_decomposed",),
+            has_delegates=True,
+            channels_last=False,
+            make_quantizer=_xnnpack_quantizer,
+            lower_program=_xnnpack_lower,
+            model_family="sequence",
         ),
     )
 }

@@ -15,7 +15,9 @@ one of :data:`CONFIGS`:
   entries not shared with torch's class-global cache either).
 
 Only the lowering call is timed; ``adopt`` and the patch's enter/exit are
-timed separately (``setup_seconds``). What it produced is kept as digests
+timed separately (``setup_seconds``). ``lower(..., record=True)`` runs the
+lowering under :func:`benchmarks.dispatch_recorder.recording` (outcomes on),
+entered outside the timed span, for the census's split of the lowering time. What it produced is kept as digests
 (:func:`delegate_payloads`, :func:`constants_digest`) so that every lowering
 of a flow can be checked to give the same program.
 """
@@ -36,7 +38,7 @@ from torch.export import ExportedProgram
 
 import torch_cachepolicy as tcp
 from benchmarks.executorch.flows import Flow, get_flow
-from benchmarks.executorch.models import build_model
+from benchmarks.executorch.models import model_case
 from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
@@ -70,7 +72,9 @@ def quantized_program_factory(
     Args:
         seed: seeds the weights and the calibration batch.
         flow: a name of :data:`~benchmarks.executorch.flows.FLOWS`.
-        model: a name of :data:`~benchmarks.executorch.models.MODELS`.
+        model: a name of :data:`~benchmarks.executorch.models.MODELS`, in the
+            flow's model family (its dynamic shapes, if any, are exported
+            both times: before quantization and for every lowering).
         policy: if given, the graph module handed to the quantizer is adopted
             onto a policy mode first, so the ExportPasses a quantizer runs in
             ``transform_for_annotation`` (Cortex-M) dispatch through it.
@@ -84,13 +88,16 @@ def quantized_program_factory(
     from torch_cachepolicy.adopt import adopt
 
     spec = get_flow(flow)
-    module, example, _ = build_model(model, seed)
+    case = model_case(model, seed, family=spec.model_family)
+    example, dynamic_shapes = case.example, case.dynamic_shapes
     if spec.channels_last:
         example = tuple(t.to(memory_format=torch.channels_last) for t in example)
     # check_guards=False: with guards, torch 2.13 adds a `_guards_fn`
     # call_module node that ExportPass (the Cortex-M quantizer's
     # transform_for_annotation) rejects.
-    graph_module = torch.export.export(module, example).module(check_guards=False)
+    graph_module = torch.export.export(case.module, example, dynamic_shapes=dynamic_shapes).module(
+        check_guards=False
+    )
     if policy is not None:
         adopt(graph_module, cache_policy=policy)
     prepared = prepare_pt2e(graph_module, spec.make_quantizer())
@@ -98,7 +105,7 @@ def quantized_program_factory(
     converted = convert_pt2e(prepared)
 
     def export() -> ExportedProgram:
-        return torch.export.export(converted, example)
+        return torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
 
     return export
 
@@ -131,6 +138,9 @@ class Lowering:
         edge: the lowered ``ExportedProgram``.
         constants: a SHA-256 digest of the lowered program's state dict and
             constants (names, dtypes, shapes, bytes).
+        bypasses: cache bypasses during the lowering, counted like ``hits``.
+        census: the dispatch recorder's census of the lowering
+            (``record=True`` only).
     """
 
     config: str
@@ -144,6 +154,8 @@ class Lowering:
     mode: tcp.FakeTensorMode | None = None
     edge: Any = field(default=None, repr=False)
     constants: str = ""
+    bypasses: int = 0
+    census: Any = field(default=None, repr=False)
 
 
 def delegate_payloads(graph_module: torch.fx.GraphModule) -> dict[str, bytes]:
@@ -180,6 +192,7 @@ def lower(
     flow: str | Flow = "ethos-u55",
     policy: tcp.CachePolicy | None = None,
     quiet: bool = True,
+    record: bool = False,
 ) -> Lowering:
     """Lowers ``ep`` with ``flow``'s lowering under ``config``.
 
@@ -191,10 +204,15 @@ def lower(
             :func:`executorch_policy`. Reuse one across calls: its identity
             names the cache partition.
         quiet: swallow what the lowering prints to stdout (Vela's summary).
+        record: run the lowering under the dispatch recorder (cache outcomes
+            and exclusive times recorded; a few microseconds more per
+            dispatch, inside the timed span). The recorder is entered and
+            left outside the timed span.
 
     Returns:
         The timings and outputs of the lowering.
     """
+    from benchmarks.dispatch_recorder import recording
     from benchmarks.global_patch import global_patch
     from torch_cachepolicy.adopt import adopt
 
@@ -211,23 +229,22 @@ def lower(
         setup = time.perf_counter() - start
     elif config == "global-patch":
         scope = global_patch(EXECUTORCH_NAMESPACES, shape_envs=[program_mode(ep).shape_env])
-    hits0, misses0 = _ft.FakeTensorMode.cache_hits, _ft.FakeTensorMode.cache_misses
+    # Counted around the lowering only (adopt's own dispatches, if any, excluded).
+    before = _counts(mode)
     out = io.StringIO()
+    census = None
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
         start = time.perf_counter()
         with scope:
             setup += time.perf_counter() - start
-            # A collection triggered by earlier garbage must not land in one
-            # configuration's figure: collect first, GC off meanwhile.
-            with timed() as timing:
-                lowered = spec.lower_program(ep)
+            with recording(outcomes=True) if record else contextlib.nullcontext() as census:
+                # A collection triggered by earlier garbage must not land in one
+                # configuration's figure: collect first, GC off meanwhile.
+                with timed() as timing:
+                    lowered = spec.lower_program(ep)
             exit_start = time.perf_counter()
         setup += time.perf_counter() - exit_start
-    if mode is not None:
-        info = mode.cache_info()
-        hits, misses = info.hits, info.misses
-    else:
-        hits, misses = _ft.FakeTensorMode.cache_hits - hits0, _ft.FakeTensorMode.cache_misses - misses0
+    hits, misses, bypasses = (a - b for a, b in zip(_counts(mode), before, strict=True))
     gm = lowered.graph_module
     return Lowering(
         config,
@@ -241,4 +258,15 @@ def lower(
         mode,
         lowered,
         constants_digest(lowered),
+        bypasses,
+        census,
     )
+
+
+def _counts(mode: tcp.FakeTensorMode | None) -> tuple[int, int, int]:
+    """Hits, misses and bypasses so far: the policy mode's own, or torch's class counters."""
+    if mode is not None:
+        info = mode.cache_info()
+        return info.hits, info.misses, sum(info.bypasses.values())
+    cls = _ft.FakeTensorMode
+    return cls.cache_hits, cls.cache_misses, sum(cls.cache_bypasses.values())

@@ -16,7 +16,8 @@ import torch_cachepolicy as tcp
 from benchmarks.executorch.environment import check_runnable, environment
 from benchmarks.executorch.flows import ETHOS_U_TARGET, Flow, get_flow
 from benchmarks.executorch.lowering import CONFIGS, Lowering, lower, quantized_program_factory
-from benchmarks.executorch.models import build_model
+from benchmarks.executorch.models import model_case
+from benchmarks.progress import Rounds
 from torch_cachepolicy.recipes.executorch import EXECUTORCH_NAMESPACES, executorch_policy
 
 __all__ = ["RATIOS", "SCHEMA", "run"]
@@ -50,7 +51,7 @@ def _run_flow(
     model: str,
     repeats: int,
     policy: tcp.CachePolicy,
-    progress: Callable[[str], None] | None,
+    rounds: Rounds,
     order: Sequence[str] = CONFIGS,
 ) -> dict[str, Any]:
     fresh_program = quantized_program_factory(flow=flow, model=model)
@@ -59,6 +60,7 @@ def _run_flow(
     identical = {"delegate_payloads": True, "graph_code": True, "constants": True}
     policy_cache: dict[str, list[int]] = {}
     for round_ in range(-1, repeats):
+        line: list[str] = []
         for config in order:
             result = lower(fresh_program(), config, flow=flow, policy=policy)
             if reference is None:
@@ -69,13 +71,13 @@ def _run_flow(
             if config == "policy" and result.mode is not None:
                 report = result.mode.cache_report().by_namespace()
                 policy_cache = {ns: list(counts) for ns, counts in report.items()}
-            if progress is not None:
-                tag = "warm-up" if round_ < 0 else f"round {round_ + 1}/{repeats}"
-                progress(f"{flow.name} {tag} {config}: {result.seconds:.3f} s wall, {result.cpu_seconds:.3f} s cpu")
+            line.append(f"{config} {result.seconds:.2f}/{result.cpu_seconds:.2f}")
             if round_ >= 0:
                 # Only the figures are kept: programs and modes would pile up.
                 result.edge = result.mode = None
                 series[config].append(result)
+        tag = "warm-up" if round_ < 0 else f"round {round_ + 1}/{repeats}"
+        rounds.done(f"{flow.name} {tag}, s wall/CPU: {', '.join(line)}")
     assert reference is not None
     configs: dict[str, Any] = {}
     for config, runs in series.items():
@@ -99,6 +101,7 @@ def _run_flow(
     }
     return {
         "title": flow.title,
+        "model_description": model_case(model, family=flow.model_family).description,
         "delegates": len(reference.payloads),
         "configs": configs,
         "ratios": ratios,
@@ -127,7 +130,10 @@ def run(
         model: a name of :data:`~benchmarks.executorch.models.MODELS`.
         configs: the configurations to run (a subset of :data:`CONFIGS`);
             ratios are reported for the pairs both present.
-        progress: called with a line per lowering (e.g. ``print``).
+        progress: called with a line per round (e.g. a
+            :class:`~benchmarks.progress.StderrProgress`): each
+            configuration's wall and CPU seconds, and an estimate of the time
+            left.
 
     Returns:
         ``{"schema", "environment", "settings", "flows"}``;
@@ -149,8 +155,9 @@ def run(
         raise ValueError(f"run(configs=...): expected a non-empty subset of {CONFIGS}, got {list(configs)}")
     order = [c for c in CONFIGS if c in configs]
     specs = [get_flow(name) for name in flows]
-    _, _, description = build_model(model)
+    descriptions = {spec.model_family: model_case(model, family=spec.model_family).description for spec in specs}
     policy = executorch_policy()
+    rounds = Rounds(len(specs) * (repeats + 1), progress)
     return {
         "schema": SCHEMA,
         "environment": environment(),
@@ -161,8 +168,10 @@ def run(
             "ethos_u_target": ETHOS_U_TARGET,
             "namespaces": list(EXECUTORCH_NAMESPACES),
             "model": model,
-            "model_description": description,
+            # The first flow's model; every flow's is in flows[name]["model_description"].
+            "model_description": descriptions[specs[0].model_family],
+            "model_descriptions": descriptions,
             "flows": [f.name for f in specs],
         },
-        "flows": {spec.name: _run_flow(spec, model, repeats, policy, progress, order) for spec in specs},
+        "flows": {spec.name: _run_flow(spec, model, repeats, policy, rounds, order) for spec in specs},
     }

@@ -6,10 +6,11 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.charts import replay_charts, write_charts
+from benchmarks.progress import StderrProgress
 from benchmarks.replay.render import render_markdown
 from benchmarks.replay.suite import FULL, QUICK, run_benchmark
 from benchmarks.replay.workloads import WORKLOAD_NAMES
@@ -20,14 +21,6 @@ EXIT_CORRECTNESS = 1
 """Exit status when a replay's output metadata differed or another correctness check failed."""
 EXIT_TARGETS = 3
 """Exit status with ``--strict`` when a target was missed (2 is argparse's usage error)."""
-
-
-class _StderrProgress:
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __call__(self, message: str) -> None:
-        print(f"[{time.perf_counter() - self._start:7.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +38,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a run under a minute (fewer rounds, replays and modes); its timing figures are indicative, not judged",
     )
-    p.add_argument("--out", type=Path, help="directory to write results.md and results.json to")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="directory to write results.md, results.json and, with matplotlib, hitcost.png and replay.png to",
+    )
     p.add_argument("--strict", action="store_true", help="exit non-zero when a target is missed")
     p.add_argument(
         "--workloads",
@@ -83,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.rounds < 1 or settings.replays < 1 or settings.warmup_rounds < 0:
         parser.error("--rounds and --replays must be at least 1, --warmup-rounds at least 0")
 
-    results = run_benchmark(settings, argv=args_list, progress=_StderrProgress())
+    results = run_benchmark(settings, argv=args_list, progress=StderrProgress())
     markdown = render_markdown(results)
     print(markdown, end="")
     if args.out is not None:
@@ -91,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "results.md").write_text(markdown)
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.out / 'results.md'} and {args.out / 'results.json'}", file=sys.stderr)
+        write_charts(replay_charts(results, args.out), emit=lambda line: print(line, file=sys.stderr))
 
     if not results["correctness"]["ok"]:
         return EXIT_CORRECTNESS

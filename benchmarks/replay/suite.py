@@ -11,6 +11,7 @@ from typing import Any
 import torch._library.utils as library_utils
 
 from benchmarks.global_patch import positive_backend_entries
+from benchmarks.progress import Rounds
 from benchmarks.replay.configs import make_configurations
 from benchmarks.replay.hitcost import measure_aten_hit_costs, measure_hit_costs
 from benchmarks.replay.memory import measure_memory
@@ -78,6 +79,8 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
 
     workloads: dict[str, Any] = {}
     replays_checked = 0
+    # One line per round, with an estimate of what the replay rounds have left.
+    rounds = Rounds(len(settings.workloads) * (settings.warmup_rounds + settings.rounds), progress)
     for name in settings.workloads:
         run = run_workload(
             build_workload(name),
@@ -85,7 +88,7 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
             rounds=settings.rounds,
             warmup_rounds=settings.warmup_rounds,
             replays=settings.replays,
-            progress=progress,
+            progress=rounds.done,
             after_series=lambda config: _leak_check(config, namespaces),
         )
         workloads[name] = summarize_workload(run)

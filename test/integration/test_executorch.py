@@ -1,10 +1,11 @@
 # Owner(s): ["module: fakeTensor"]
 """A real client: ExecuTorch 1.5.1 lowering quantized models under a policy mode.
 
-Three flows (``benchmarks.executorch.FLOWS``): Ethos-U55
+Four flows (``benchmarks.executorch.FLOWS``): Ethos-U55
 (``to_edge_transform_and_lower`` with ``EthosUPartitioner``), Cortex-M
-(``to_edge`` + ``CortexMPassManager``) and XNNPACK
-(``to_edge_transform_and_lower`` with ``XnnpackPartitioner``). Each flow lowers
+(``to_edge`` + ``CortexMPassManager``), XNNPACK
+(``to_edge_transform_and_lower`` with ``XnnpackPartitioner``) and XNNPACK on a
+transformer exported with a dynamic sequence length (``torch.export.Dim``). Each flow lowers
 the same quantized program three times: (a) stock, (b) under ExecuTorch PR
 21700's process-global ``is_builtin`` swap, (c) after ``adopt(ep,
 cache_policy=...)``. Delegate payloads, graph code and constants must be
@@ -321,6 +322,7 @@ UNREACHED_LOWERING_SITES: dict[str, tuple[str, ...]] = {
     # graphs (bilinear_2d, sdpa) with their own modes, aten ops only; cached
     # afterwards. setUpClass lowers stock first, so only a reordering shows them.
     "xnnpack": ("executorch/backends/xnnpack/partition/graphs/",),
+    "xnnpack-dynamic": ("executorch/backends/xnnpack/partition/graphs/",),
 }
 
 
@@ -474,6 +476,30 @@ class TestXnnpackFlow(FlowChecks, TestCase):
     """XNNPACK: XNNPACKQuantizer, to_edge_transform_and_lower with XnnpackPartitioner."""
 
     FLOW = "xnnpack"
+
+
+@unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
+class TestXnnpackDynamicFlow(FlowChecks, TestCase):
+    """XNNPACK on a one-layer transformer whose sequence length is a torch.export.Dim."""
+
+    FLOW = "xnnpack-dynamic"
+
+    def test_sequence_length_stays_symbolic(self) -> None:
+        """The lowered program's input keeps a symbolic sequence length under every configuration."""
+        for config in ("stock", "global-patch", "policy"):
+            edge = self._lowering(config).edge
+            inputs = [n.meta["val"] for n in edge.graph.nodes if n.op == "placeholder" and n.name == "x"]
+            self.assertEqual(len(inputs), 1, config)
+            self.assertIsInstance(inputs[0].shape[1], torch.SymInt, config)
+            self.assertEqual(inputs[0].shape[2], 32, config)
+
+    def test_symbolic_backend_hits(self) -> None:
+        """quantized_decomposed ops on symbolic shapes are served from the cache, none bypassed."""
+        mode = self._lowering("policy").mode
+        assert mode is not None
+        hits, misses, bypasses = mode.cache_report().by_namespace()["quantized_decomposed"]
+        self.assertGreater(hits, 10 * misses)
+        self.assertEqual(bypasses, 0)
 
 
 @unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
