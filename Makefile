@@ -77,8 +77,9 @@ test-wheel: install
 	TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1 $(PYTHON) -m pytest -q test/test_packaging.py
 
 # ExecuTorch 1.5.1 (Ethos-U55, Cortex-M and XNNPACK flows) as a real client. --no-deps: its own
-# requirements would replace the pinned torch.
-test-executorch: install
+# requirements would replace the pinned torch. The bench extra too, so that the charts are drawn
+# in the tests rather than skipped.
+test-executorch: bench-install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	$(PYTHON) -m pytest -q test/integration
 

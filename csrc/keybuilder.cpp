@@ -29,15 +29,36 @@
 // c10's suggest_memory_format, which differs for some degenerate strides),
 // kept only if the tensor is contiguous in it, as extract_tensor_metadata
 // does.
+//
+// Note [Symbolic keys]
+// ~~~~~~~~~~~~~~~~~~~~
+// Given the call's _CacheKeyState, build() also handles symbolic values:
+// SymInt arguments and the symbolic sizes, strides, offset and storage size
+// of a FakeTensor. Each becomes what _CacheKeyState.convert_sym_int makes of
+// it: _PySymInputStub(symint) the first time its SymNode is seen,
+// _InputBackref(index of that stub in the key) afterwards. torch mutates the
+// state as it goes (the node's index, its free symbols, the ShapeEnv); build()
+// collects the same facts and writes them into the state only once the whole
+// key is built, so a fall back leaves the state fresh for torch's
+// _cache_key. extract_tensor_metadata drops the memory format of a tensor
+// with symbolic sizes, but only after computing it: for 4 and 5 dimensions
+// torch's suggest_memory_format compares symbolic strides, which may add
+// guards, so build() calls that very function there and discards the result
+// as torch 2.13 does (torch 2.14 no longer computes it: the caller passes
+// None; keybuilder.py reads which from extract_tensor_metadata's code).
+// Without a state symbolic values fall back.
 
 #include "module.h"
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torch_cachepolicy {
@@ -71,6 +92,9 @@ class Values {
     Py_INCREF(o);
     items_.push_back(o);
   }
+  Py_ssize_t size() const {
+    return static_cast<Py_ssize_t>(items_.size());
+  }
   PyObject* to_tuple() {
     PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(items_.size()));
     if (out == nullptr) {
@@ -91,6 +115,36 @@ class Values {
 // into a Python str only when returned.
 using Reason = const char*;
 
+// The SymNodes of one key, by first position (Note [Symbolic keys]): what
+// convert_sym_int writes into the state, kept until the key is built.
+class SymNodes {
+ public:
+  ~SymNodes() {
+    for (auto& node : order_) {
+      Py_DECREF(node.first);
+    }
+  }
+  // The first position of this node, or -1 (then it is recorded at `at`,
+  // with a new reference).
+  Py_ssize_t seen_or_add(PyObject* node, Py_ssize_t at) {
+    auto it = index_.find(node);
+    if (it != index_.end()) {
+      return it->second;
+    }
+    Py_INCREF(node);
+    index_.emplace(node, at);
+    order_.emplace_back(node, at);
+    return -1;
+  }
+  const std::vector<std::pair<PyObject*, Py_ssize_t>>& order() const {
+    return order_;
+  }
+
+ private:
+  std::unordered_map<PyObject*, Py_ssize_t> index_;
+  std::vector<std::pair<PyObject*, Py_ssize_t>> order_;
+};
+
 class KeyBuilder {
  public:
   KeyBuilder(
@@ -101,7 +155,11 @@ class KeyBuilder {
       py::object strided,
       py::object contiguous_format,
       py::object channels_last,
-      py::object channels_last_3d)
+      py::object channels_last_3d,
+      py::object symint_type,
+      py::object stub_type,
+      py::object backref_type,
+      py::object suggest_memory_format)
       : fake_type_(std::move(fake_type)),
         size_type_(std::move(size_type)),
         plain_types_(std::move(plain_types)),
@@ -110,10 +168,20 @@ class KeyBuilder {
         contiguous_format_(std::move(contiguous_format)),
         channels_last_(std::move(channels_last)),
         channels_last_3d_(std::move(channels_last_3d)),
+        symint_type_(std::move(symint_type)),
+        stub_type_(std::move(stub_type)),
+        backref_type_(std::move(backref_type)),
+        suggest_memory_format_(std::move(suggest_memory_format)),
         fake_mode_name_(py::str("fake_mode")),
         constant_name_(py::str("constant")),
         fake_device_name_(py::str("_fake_device")),
-        in_kernel_name_(py::str("in_kernel_invocation")) {
+        in_kernel_name_(py::str("in_kernel_invocation")),
+        node_name_(py::str("node")),
+        expr_name_(py::str("expr")),
+        free_symbols_name_(py::str("free_symbols")),
+        shape_env_name_(py::str("shape_env")),
+        lookup_name_(py::str("sym_node_lookup")),
+        known_symbols_name_(py::str("known_symbols")) {
     TORCH_CHECK(
         PyType_Check(fake_type_.ptr()) && PyType_Check(size_type_.ptr()),
         "torch_cachepolicy._C.KeyBuilder: fake_type and size_type must be types");
@@ -123,18 +191,28 @@ class KeyBuilder {
     TORCH_CHECK(
         PyTuple_Check(sym_types_.ptr()),
         "torch_cachepolicy._C.KeyBuilder: sym_types must be a tuple of types");
+    TORCH_CHECK(
+        PyType_Check(symint_type_.ptr()) && PyType_Check(stub_type_.ptr()) && PyType_Check(backref_type_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: symint_type, stub_type and backref_type must be types");
+    TORCH_CHECK(
+        suggest_memory_format_.is_none() || PyCallable_Check(suggest_memory_format_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: suggest_memory_format must be callable or None");
     for (int n = 0; n < kCachedLengths; ++n) {
       lengths_.push_back(py::str("length_" + std::to_string(n)));
     }
   }
 
   // The key tuple (prefix + flattened args, kwargs), or the reason (a str)
-  // to fall back to torch's _cache_key.
+  // to fall back to torch's _cache_key. With a state, symbolic values are
+  // handled and the state updated as convert_sym_int would.
   py::object build(
       py::handle mode,
       py::tuple prefix,
       py::handle args,
-      py::handle kwargs) {
+      py::handle kwargs,
+      py::handle state) {
+    SymNodes nodes;
+    SymNodes* syms = state.is_none() ? nullptr : &nodes;
     Values out;
     for (py::handle v : prefix) {
       out.borrow(v.ptr());
@@ -151,11 +229,11 @@ class KeyBuilder {
     Reason reason = nullptr;
     // _cache_key: `if args:` / `if kwargs:`, so empty ones add nothing.
     if (PyObject_IsTrue(args.ptr()) == 1) {
-      reason = container(mode.ptr(), args.ptr(), out);
+      reason = container(mode.ptr(), args.ptr(), out, syms);
     }
     if (reason == nullptr && !kwargs.is_none() &&
         PyObject_IsTrue(kwargs.ptr()) == 1) {
-      reason = container(mode.ptr(), kwargs.ptr(), out);
+      reason = container(mode.ptr(), kwargs.ptr(), out, syms);
     }
     if (PyErr_Occurred()) {
       throw py::error_already_set();
@@ -167,7 +245,11 @@ class KeyBuilder {
     if (tup == nullptr) {
       throw py::error_already_set();
     }
-    return py::reinterpret_steal<py::object>(tup);
+    py::object key = py::reinterpret_steal<py::object>(tup);
+    if (syms != nullptr && !syms->order().empty()) {
+      commit(state, *syms);
+    }
+    return key;
   }
 
  private:
@@ -196,10 +278,77 @@ class KeyBuilder {
     return out.steal(PyLong_FromLongLong(v));
   }
 
+  // What convert_sym_int writes into the state for each new SymNode, in key
+  // order: its index by id(node), its expression's free symbols, and the
+  // first node's ShapeEnv if the state has none.
+  void commit(py::handle state, const SymNodes& syms) {
+    py::object lookup = state.attr(lookup_name_);
+    py::object known = state.attr(known_symbols_name_);
+    for (const auto& [node, index] : syms.order()) {
+      py::handle n(node);
+      lookup[py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(node))] = py::int_(index);
+      known.attr("update")(n.attr(expr_name_).attr(free_symbols_name_));
+    }
+    if (state.attr(shape_env_name_).is_none()) {
+      state.attr(shape_env_name_) = py::handle(syms.order().front().first).attr(shape_env_name_);
+    }
+  }
+
+  // A SymInt (exact type): a stub, or a back reference to the stub of the
+  // same SymNode earlier in the key.
+  Reason sym_int(PyObject* value, Values& out, SymNodes& syms) {
+    PyObject* node = PyObject_GetAttr(value, node_name_.ptr());
+    if (node == nullptr) {
+      return "error";
+    }
+    const Py_ssize_t first = syms.seen_or_add(node, out.size());
+    Py_DECREF(node); // syms holds its own reference
+    PyObject* item = nullptr;
+    if (first >= 0) {
+      PyObject* index = PyLong_FromSsize_t(first);
+      if (index == nullptr) {
+        return "error";
+      }
+      item = PyObject_CallOneArg(backref_type_.ptr(), index);
+      Py_DECREF(index);
+    } else {
+      item = PyObject_CallOneArg(stub_type_.ptr(), value);
+    }
+    return out.steal(item) ? nullptr : "error";
+  }
+
+  // One c10::SymInt of a tensor: as Python sees it (an int, or a SymInt
+  // through torch's caster), then as _prep_args_for_hash (typed: sizes and
+  // strides) or _flatten_into (bare: offset and storage size) adds it.
+  Reason sym_value(const c10::SymInt& v, bool typed, Values& out, SymNodes* syms) {
+    if (!v.is_heap_allocated()) {
+      const int64_t i = v.as_int_unchecked();
+      if (typed) {
+        return push_int(i, out) ? nullptr : "error";
+      }
+      return out.steal(PyLong_FromLongLong(i)) ? nullptr : "error";
+    }
+    if (syms == nullptr) {
+      return "symbolic sizes";
+    }
+    py::object value = py::cast(v);
+    if (PyLong_CheckExact(value.ptr())) {
+      if (typed) {
+        out.borrow(reinterpret_cast<PyObject*>(&PyLong_Type));
+      }
+      out.borrow(value.ptr());
+      return nullptr;
+    }
+    if (Py_TYPE(value.ptr()) != reinterpret_cast<PyTypeObject*>(symint_type_.ptr())) {
+      return "symbolic size of another type";
+    }
+    return sym_int(value.ptr(), out, *syms);
+  }
+
   // A list, tuple or dict (isinstance): (type, "length_n", items...).
   // Returns a reason for containers whose iteration could differ from
   // the base type's.
-  Reason container(PyObject* mode, PyObject* c, Values& out) {
+  Reason container(PyObject* mode, PyObject* c, Values& out, SymNodes* syms) {
     PyTypeObject* tp = Py_TYPE(c);
     if (PyDict_Check(c)) {
       if (!PyDict_CheckExact(c)) {
@@ -223,10 +372,10 @@ class KeyBuilder {
         keys.push_back(py::reinterpret_borrow<py::object>(k));
         values.push_back(py::reinterpret_borrow<py::object>(v));
       }
-      if (Reason r = items(mode, keys, out)) {
+      if (Reason r = items(mode, keys, out, syms)) {
         return r;
       }
-      return items(mode, values, out);
+      return items(mode, values, out, syms);
     }
     const bool is_list = PyList_Check(c);
     if (is_list ? tp->tp_iter != PyList_Type.tp_iter
@@ -241,7 +390,7 @@ class KeyBuilder {
     if (!is_list) {
       // A tuple cannot change, and holds its items.
       for (Py_ssize_t i = 0; i < n; ++i) {
-        if (Reason r = arg(mode, PyTuple_GET_ITEM(c, i), out)) {
+        if (Reason r = arg(mode, PyTuple_GET_ITEM(c, i), out, syms)) {
           return r;
         }
       }
@@ -252,7 +401,7 @@ class KeyBuilder {
     for (Py_ssize_t i = 0; i < n; ++i) {
       elements.push_back(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(c, i)));
     }
-    return items(mode, elements, out);
+    return items(mode, elements, out, syms);
   }
 
   // The elements of a container, taken (with references) before any of them
@@ -261,9 +410,10 @@ class KeyBuilder {
   Reason items(
       PyObject* mode,
       const std::vector<py::object>& elements,
-      Values& out) {
+      Values& out,
+      SymNodes* syms) {
     for (const py::object& item : elements) {
-      if (Reason r = arg(mode, item.ptr(), out)) {
+      if (Reason r = arg(mode, item.ptr(), out, syms)) {
         return r;
       }
     }
@@ -271,10 +421,13 @@ class KeyBuilder {
   }
 
   // One element, in _prep_args_for_hash's order of isinstance tests.
-  Reason arg(PyObject* mode, PyObject* a, Values& out) {
+  Reason arg(PyObject* mode, PyObject* a, Values& out, SymNodes* syms) {
     PyTypeObject* tp = Py_TYPE(a);
     if (tp == reinterpret_cast<PyTypeObject*>(fake_type_.ptr())) {
-      return fake_tensor(mode, a, out);
+      return fake_tensor(mode, a, out, syms);
+    }
+    if (syms != nullptr && tp == reinterpret_cast<PyTypeObject*>(symint_type_.ptr())) {
+      return sym_int(a, out, *syms);
     }
     if (THPVariable_Check(a)) {
       return PyObject_TypeCheck(a, reinterpret_cast<PyTypeObject*>(fake_type_.ptr()))
@@ -288,7 +441,7 @@ class KeyBuilder {
       return nullptr;
     }
     if (PyList_Check(a) || PyTuple_Check(a) || PyDict_Check(a)) {
-      return container(mode, a, out);
+      return container(mode, a, out, syms);
     }
     const int sym = PyObject_IsInstance(a, sym_types_.ptr());
     if (sym < 0) {
@@ -297,7 +450,7 @@ class KeyBuilder {
     return sym ? "symbolic argument" : "argument of another type";
   }
 
-  Reason fake_tensor(PyObject* mode, PyObject* a, Values& out) {
+  Reason fake_tensor(PyObject* mode, PyObject* a, Values& out, SymNodes* syms) {
     // is_our_fake(), then `.constant is not None`, as _prep_args_for_hash.
     PyObject* owner = PyObject_GetAttr(a, fake_mode_name_.ptr());
     if (owner == nullptr) {
@@ -317,7 +470,8 @@ class KeyBuilder {
     }
     const at::Tensor& t = THPVariable_Unpack(a);
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (impl->has_symbolic_sizes_strides()) {
+    const bool symbolic = impl->has_symbolic_sizes_strides();
+    if (symbolic && syms == nullptr) {
       return "symbolic sizes";
     }
     if (impl->layout() != c10::kStrided) {
@@ -333,33 +487,32 @@ class KeyBuilder {
       return "tensor without storage";
     }
     const c10::Storage& storage = impl->storage();
-    if (storage.sym_nbytes().is_heap_allocated()) {
+    if (storage.sym_nbytes().is_heap_allocated() && syms == nullptr) {
       return "symbolic storage size";
     }
 
     // dtype
     out.borrow(reinterpret_cast<PyObject*>(torch::getTHPDtype(impl->dtype().toScalarType())));
-    // shape: torch.Size, flattened
-    const c10::IntArrayRef sizes = impl->sizes();
-    const c10::IntArrayRef strides = impl->strides();
+    // shape (torch.Size) and stride (a tuple), flattened
+    const c10::SymIntArrayRef sizes = impl->sym_sizes();
+    const c10::SymIntArrayRef strides = impl->sym_strides();
     const auto ndim = static_cast<Py_ssize_t>(sizes.size());
     out.borrow(size_type_.ptr());
     if (!push_length(ndim, out)) {
       return "error";
     }
-    for (const int64_t s : sizes) {
-      if (!push_int(s, out)) {
-        return "error";
+    for (const c10::SymInt& v : sizes) {
+      if (Reason r = sym_value(v, /*typed=*/true, out, syms)) {
+        return r;
       }
     }
-    // stride: t.stride() is a tuple
     out.borrow(reinterpret_cast<PyObject*>(&PyTuple_Type));
     if (!push_length(ndim, out)) {
       return "error";
     }
-    for (const int64_t s : strides) {
-      if (!push_int(s, out)) {
-        return "error";
+    for (const c10::SymInt& v : strides) {
+      if (Reason r = sym_value(v, /*typed=*/true, out, syms)) {
+        return r;
       }
     }
     // device: FakeTensor.device is fake_device outside kernel invocation
@@ -368,23 +521,39 @@ class KeyBuilder {
     }
     out.borrow(strided_.ptr());
     // memory_format: torch._prims_common.suggest_memory_format, kept if
-    // the tensor is contiguous in it.
-    c10::MemoryFormat format = c10::MemoryFormat::Contiguous;
-    PyObject* format_obj = contiguous_format_.ptr();
-    if (channels_last_like(sizes, strides)) {
-      if (ndim == 4) {
-        format = c10::MemoryFormat::ChannelsLast;
-        format_obj = channels_last_.ptr();
-      } else {
-        format = c10::MemoryFormat::ChannelsLast3d;
-        format_obj = channels_last_3d_.ptr();
+    // the tensor is contiguous in it; None for symbolic sizes, computed all
+    // the same where it may guard (Note [Symbolic keys]).
+    if (symbolic) {
+      if ((ndim == 4 || ndim == 5) && !suggest_memory_format_.is_none()) {
+        PyObject* ignored = PyObject_CallOneArg(suggest_memory_format_.ptr(), a);
+        if (ignored == nullptr) {
+          return "error";
+        }
+        Py_DECREF(ignored);
       }
+      out.borrow(Py_None);
+    } else {
+      const c10::IntArrayRef static_sizes = impl->sizes();
+      const c10::IntArrayRef static_strides = impl->strides();
+      c10::MemoryFormat format = c10::MemoryFormat::Contiguous;
+      PyObject* format_obj = contiguous_format_.ptr();
+      if (channels_last_like(static_sizes, static_strides)) {
+        if (ndim == 4) {
+          format = c10::MemoryFormat::ChannelsLast;
+          format_obj = channels_last_.ptr();
+        } else {
+          format = c10::MemoryFormat::ChannelsLast3d;
+          format_obj = channels_last_3d_.ptr();
+        }
+      }
+      out.borrow(t.is_contiguous(format) ? format_obj : Py_None);
     }
-    out.borrow(t.is_contiguous(format) ? format_obj : Py_None);
-    // storage_offset, storage_bytes: plain ints
-    if (!out.steal(PyLong_FromLongLong(impl->storage_offset())) ||
-        !out.steal(PyLong_FromSize_t(storage.nbytes()))) {
-      return "error";
+    // storage_offset, storage_bytes: not typed (_flatten_into appends them)
+    if (Reason r = sym_value(impl->sym_storage_offset(), /*typed=*/false, out, syms)) {
+      return r;
+    }
+    if (Reason r = sym_value(storage.sym_nbytes(), /*typed=*/false, out, syms)) {
+      return r;
     }
     out.borrow(t.requires_grad() ? Py_True : Py_False);
     out.borrow(Py_False); // is_quantized
@@ -444,10 +613,20 @@ class KeyBuilder {
   py::object contiguous_format_;
   py::object channels_last_;
   py::object channels_last_3d_;
+  py::object symint_type_;
+  py::object stub_type_;
+  py::object backref_type_;
+  py::object suggest_memory_format_;
   py::str fake_mode_name_;
   py::str constant_name_;
   py::str fake_device_name_;
   py::str in_kernel_name_;
+  py::str node_name_;
+  py::str expr_name_;
+  py::str free_symbols_name_;
+  py::str shape_env_name_;
+  py::str lookup_name_;
+  py::str known_symbols_name_;
   std::vector<py::str> lengths_;
 };
 
@@ -468,6 +647,10 @@ void init_keybuilder(py::module& m) {
               py::object,
               py::object,
               py::object,
+              py::object,
+              py::object,
+              py::object,
+              py::object,
               py::object>(),
           py::arg("fake_type"),
           py::arg("size_type"),
@@ -476,7 +659,11 @@ void init_keybuilder(py::module& m) {
           py::arg("strided"),
           py::arg("contiguous_format"),
           py::arg("channels_last"),
-          py::arg("channels_last_3d"))
+          py::arg("channels_last_3d"),
+          py::arg("symint_type"),
+          py::arg("stub_type"),
+          py::arg("backref_type"),
+          py::arg("suggest_memory_format"))
       .def(
           "build",
           &KeyBuilder::build,
@@ -484,8 +671,11 @@ void init_keybuilder(py::module& m) {
           py::arg("prefix"),
           py::arg("args"),
           py::arg("kwargs"),
+          py::arg("state") = py::none(),
           "The key tuple (prefix, then args and kwargs flattened as\n"
-          "_prep_args_for_hash does), or a str: why it falls back.");
+          "_prep_args_for_hash does), or a str: why it falls back. With a\n"
+          "fresh _CacheKeyState, symbolic values too (the state is updated\n"
+          "as convert_sym_int would, only when a key is returned).");
 }
 
 } // namespace torch_cachepolicy

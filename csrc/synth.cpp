@@ -138,10 +138,12 @@ py::object meta_view_of(
 // the output of one synthesis serves as a template for the rest:
 // meta_template makes a plain meta tensor with the template's sizes,
 // strides, offset and storage size; meta_fresh_like makes each hit's tensor
-// by copying that metadata onto a fresh meta storage of the same size. No
-// SymInt arithmetic runs on a hit. The derived fields (numel, contiguity) are
-// left to be computed when asked, as on torch's synthesis: computing one may
-// add a guard, and an early guard would be one an uncached run never adds.
+// by copying that metadata onto a fresh meta storage of the same size (for a
+// view op, meta_view_like: onto the storage of this call's view argument, as
+// torch's set_ does). No SymInt arithmetic runs on a hit. The derived fields
+// (numel, contiguity) are left to be computed when asked, as on torch's
+// synthesis: computing one may add a guard, and an early guard would be one
+// an uncached run never adds.
 
 at::Tensor checked_meta(const py::handle& obj, const std::string& api) {
   if (!THPVariable_Check(obj.ptr())) {
@@ -187,6 +189,19 @@ py::object meta_fresh_like(const py::handle& templ, bool requires_grad) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
+py::object meta_view_like(const py::handle& templ, const py::handle& base) {
+  const at::Tensor src = checked_meta(templ, "meta_view_like(...)");
+  const at::Tensor source = checked_meta(base, "meta_view_like(...)");
+  // torch's synthesis of a view: empty_strided with the entry's sizes, then
+  // set_(base's storage, offset, sizes, strides). The template holds those
+  // sizes, strides and offset; the storage is this call's base's.
+  c10::intrusive_ptr<c10::TensorImpl> impl = src.unsafeGetTensorImpl()->shallow_copy_and_detach(
+      /*version_counter=*/c10::VariableVersion(/*version=*/0),
+      /*allow_tensor_metadata_change=*/true);
+  impl->set_storage_keep_dtype(source.storage());
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(at::Tensor(std::move(impl))));
+}
+
 } // namespace
 
 void init_synth(py::module& m) {
@@ -225,6 +240,13 @@ void init_synth(py::module& m) {
       py::arg("requires_grad"),
       "A new meta tensor with template's metadata (derived fields included)\n"
       "on a fresh meta storage of the same size, without dispatch.");
+  m.def(
+      "meta_view_like",
+      &meta_view_like,
+      py::arg("template"),
+      py::arg("base"),
+      "A new meta tensor with template's (symbolic) sizes, strides and offset\n"
+      "on base's storage: a view op's hit, without dispatch.");
 }
 
 } // namespace torch_cachepolicy

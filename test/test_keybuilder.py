@@ -98,6 +98,18 @@ def first_difference(built: tuple[object, ...], expected: tuple[object, ...]) ->
     return None
 
 
+def state_difference(built: _CacheKeyState | None, expected: _CacheKeyState) -> str | None:
+    """How the state a builder left differs from the one torch's _cache_key left, or None."""
+    if built is None:
+        return None if not expected.sym_node_lookup else "a builder without a state handled symbols"
+    for name in ("sym_node_lookup", "known_symbols"):
+        if getattr(built, name) != getattr(expected, name):
+            return f"state.{name}: {getattr(built, name)} != {getattr(expected, name)}"
+    if built.shape_env is not expected.shape_env:
+        return "state.shape_env"
+    return None
+
+
 class ParityMode(StockMode):
     """A stock mode that checks every cache key against the key builders."""
 
@@ -114,8 +126,11 @@ class ParityMode(StockMode):
     ) -> _DispatchCacheKey:
         fresh = not state.known_symbols and not state.sym_node_lookup
         prefix = keybuilder.key_prefix(self, func)
-        # Before torch's key: it may add symbols to the state.
-        results = {name: build(self, prefix, args, kwargs) for name, build in builders()} if fresh else {}
+        # Each builder gets a fresh state of its own, compared with the one
+        # torch's key leaves. Before torch's key: a builder's guards, if any,
+        # must come first to be seen (Note [Symbolic keys]).
+        states = {name: _CacheKeyState(self.shape_env) if keybuilder.SYMBOLIC_KEYS else None for name, _ in builders()}
+        results = {name: build(self, prefix, args, kwargs, states[name]) for name, build in builders()} if fresh else {}
         outcomes = {r if isinstance(r, str) else HANDLED for r in results.values()}
         parity = self.parity
         if len(outcomes) > 1:
@@ -130,7 +145,7 @@ class ParityMode(StockMode):
             raise
         for name, r in results.items():
             if not isinstance(r, str):
-                diff = first_difference(r, expected.key)
+                diff = first_difference(r, expected.key) or state_difference(states[name], state)
                 if diff is not None:
                     parity.differences.append(f"{func}: {name} key differs at {diff}")
         outcome = outcomes.pop() if len(outcomes) == 1 else "state with symbols"
@@ -207,6 +222,10 @@ def sweep_zoo() -> Parity:
     """Every kernel-zoo case's call sequence in a ParityMode (stock caching, so zoo ops bypass)."""
     parity = Parity()
     for case in zoo.CASES:
+        if case.limit:
+            # A case at a torch limit (a bug in torch's dispatcher) leaves the
+            # dispatcher in a state its own test then no longer reproduces.
+            continue
         if case.reset is not None:
             case.reset()
         try:
@@ -277,8 +296,8 @@ class TestKeyBuilderSweeps(TestCase):
     def test_workload_keys(self, name: str) -> None:
         """Every key of two replays of the workload that a builder handles equals torch's."""
         parity = sweep_workload(name)
-        if name == "symbolic":
-            # A symbolic batch makes nearly every key symbolic: torch builds those.
+        if name == "symbolic" and not keybuilder.SYMBOLIC_KEYS:
+            # A torch whose extract_tensor_metadata is not a known one: torch builds symbolic keys.
             self.assertParity(name, parity, 0.0)
             self.assertGreater(parity.fallbacks["symbolic sizes"], 0)
         else:
@@ -348,6 +367,47 @@ def _inference(x: torch.Tensor) -> torch.Tensor:
 CASES = _cases()
 
 
+def _symbolic_case(name: str) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+    """A fresh mode with its own ShapeEnv and the call ``name`` of :data:`SYMBOLIC_CASES` on it."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    mode = StockMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2))
+    both = mode.from_tensor(torch.empty(5, 6), symbolic_context=_dynamic(2, dims=2))
+    strided = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC] * 4, dynamic_strides=[DimDynamic.DYNAMIC] * 4
+    )
+    nhwc = mode.from_tensor(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last), symbolic_context=strided)
+    nchw = mode.from_tensor(torch.empty(2, 3, 4, 5), symbolic_context=_dynamic(4, dims=4))
+    func, args, kwargs = SYMBOLIC_CASES[name](mode, x, both, nhwc, nchw)
+    return mode, func, args, kwargs
+
+
+def _symbolic_calls() -> dict[str, Any]:
+    """Name -> ``call(mode, x, both, nhwc, nchw) -> (func, args, kwargs)`` with symbolic values."""
+    aten = torch.ops.aten
+
+    def offset(mode: Any, t: Any) -> Any:
+        with mode:
+            return t[1:]  # storage offset s1: symbolic
+
+    return {
+        "sizes": lambda m, x, b, h, c: (aten.relu.default, (x,), {}),
+        "symint_arguments_backref": lambda m, x, b, h, c: (aten.view.default, (x, [x.shape[0], 3]), {}),
+        "same_tensor_twice": lambda m, x, b, h, c: (aten.add.Tensor, (x, x), {}),
+        "two_symbols": lambda m, x, b, h, c: (aten.mm.default, (b, b.t()), {}),
+        "symbolic_offset": lambda m, x, b, h, c: (aten.relu.default, (offset(m, b),), {}),
+        "kwargs_symint": lambda m, x, b, h, c: (aten.empty.memory_format, ([x.shape[0], 2],), {"dtype": torch.float16}),
+        "4d_contiguous": lambda m, x, b, h, c: (aten.relu.default, (c,), {}),
+        # On torch 2.13 extract_tensor_metadata guards on these strides.
+        "4d_channels_last_symbolic_strides": lambda m, x, b, h, c: (aten.relu.default, (h,), {}),
+        "list_of_symbolic_tensors": lambda m, x, b, h, c: (aten.cat.default, ([x, x, b[:, :3]], 0), {}),
+    }
+
+
+SYMBOLIC_CASES = _symbolic_calls()
+
+
 class TestKeyBuilder(TestCase):
     """Hand-made calls: odd layouts and values, each fallback reason, the mode's use of the builder."""
 
@@ -401,13 +461,71 @@ class TestKeyBuilder(TestCase):
         }
         self.assertEqual(len(keys), 3)
 
-    def test_fallback_symbolic_sizes(self) -> None:
-        """A tensor with symbolic sizes, and a SymInt argument, are left to torch."""
+    def test_without_a_state_symbolic_values_fall_back(self) -> None:
+        """Without a state to record them in, symbolic sizes and SymInt arguments are not built."""
         mode = StockMode(shape_env=ShapeEnv())
         x = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2))
-        self.assertFallback("symbolic sizes", mode, torch.ops.aten.relu.default, (x,), {})
         y = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2, dims=0))
-        self.assertFallback("symbolic argument", mode, torch.ops.aten.view.default, (y, [x.shape[0], 3]), {})
+        for func, args, reason in [
+            (torch.ops.aten.relu.default, (x,), "symbolic sizes"),
+            (torch.ops.aten.view.default, (y, [x.shape[0], 3]), "symbolic argument"),
+        ]:
+            for name, build in builders():
+                self.assertEqual(build(mode, keybuilder.key_prefix(mode, func), args, {}), reason, msg=name)
+
+    @parametrize("case", list(SYMBOLIC_CASES))
+    def test_symbolic_same_key_state_and_guards(self, case: str) -> None:
+        """A symbolic key equals torch's, leaves torch's state, and adds the guards torch's key adds."""
+        if not keybuilder.SYMBOLIC_KEYS:
+            self.skipTest("this torch's extract_tensor_metadata is not a known one")
+        # Two identical ShapeEnvs: one sees torch's key only, the other the
+        # builder's key first (its guards, if any), then torch's.
+        torch_only = _symbolic_case(case)
+        mode, func, args, kwargs = torch_only
+        mode._cache_key(_CacheKeyState(mode.shape_env), func, args, kwargs)
+        expected_guards = [str(g.expr) for g in mode.shape_env.guards]
+        if case == "4d_channels_last_symbolic_strides":
+            # torch 2.13's key guards here, 2.14's does not: the case means something on both.
+            self.assertEqual(bool(expected_guards), keybuilder._SUGGEST_FOR_SYMBOLIC is not None)
+        for name, build in builders():
+            mode, func, args, kwargs = _symbolic_case(case)
+            ours = _CacheKeyState(mode.shape_env)
+            built = build(mode, keybuilder.key_prefix(mode, func), args, kwargs, ours)
+            self.assertIsInstance(built, tuple, msg=f"{name}: {built}")
+            self.assertEqual([str(g.expr) for g in mode.shape_env.guards], expected_guards, msg=name)
+            theirs = _CacheKeyState(mode.shape_env)
+            expected = mode._cache_key(theirs, func, args, kwargs)
+            self.assertIsNone(first_difference(built, expected.key), msg=name)
+            self.assertIsNone(state_difference(ours, theirs), msg=name)
+            self.assertTrue(ours.sym_node_lookup, msg=name)
+        # The mode's entry point: built, not left to torch.
+        mode, func, args, kwargs = _symbolic_case(case)
+        stats = keybuilder.KeyStats()
+        state = _CacheKeyState(mode.shape_env)
+        key = keybuilder.cache_key(mode, state, func, args, kwargs, stats)
+        theirs = _CacheKeyState(mode.shape_env)
+        self.assertEqual(key, mode._cache_key(theirs, func, args, kwargs))
+        self.assertEqual((stats.built, stats.fallbacks, state_difference(state, theirs)), (1, {}, None))
+
+    def test_symbolic_fallbacks(self) -> None:
+        """SymBool and SymFloat arguments, and a state that has seen symbols, are left to torch."""
+        if not keybuilder.SYMBOLIC_KEYS:
+            self.skipTest("this torch's extract_tensor_metadata is not a known one")
+        mode = StockMode(shape_env=ShapeEnv())
+        x = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2))
+        add = torch.ops.aten.add.Tensor
+        for value in (x.shape[0] > 2, x.shape[0] * 0.5):
+            state = _CacheKeyState(mode.shape_env)
+            for name, build in builders():
+                self.assertEqual(build(mode, keybuilder.key_prefix(mode, add), (x, value), {}, state), "symbolic argument")
+            self.assertEqual((state.sym_node_lookup, state.known_symbols), ({}, set()), msg="a fall back leaves the state fresh")
+        stats = keybuilder.KeyStats()
+        seen = _CacheKeyState(mode.shape_env)
+        seen.known_symbols.update(x.shape[0].node.expr.free_symbols)
+        expected = mode._cache_key(_CacheKeyState(mode.shape_env), add, (x, 1), {})
+        got = keybuilder.cache_key(mode, seen, add, (x, 1), {}, stats)
+        self.assertNotEqual(got, expected)  # torch's key for such a state holds the epoch
+        self.assertEqual(stats.fallbacks, {"state with symbols": 1})
 
     def test_fallback_tensors(self) -> None:
         """Non-fake tensors, another mode's fakes, constants and sparse tensors are left to torch."""
@@ -483,11 +601,12 @@ class TestKeyBuilder(TestCase):
         self.assertEqual((stats.built, stats.fallbacks, stats.handled_share), (4, {}, 1.0))
         self.assertEqual(mode.cache_info().hits, 2)
         with mode:
-            torch.relu(s)  # a miss: relu's decomposition dispatches more symbolic ops
+            torch.relu(s)  # a miss
+            torch.ops.aten.mul.Scalar(s, s.shape[0] * 0.5)  # a SymFloat argument: torch's key
         stats = mode.cache_key_stats()
-        self.assertEqual(stats.built, 4)
-        self.assertEqual(set(stats.fallbacks), {"symbolic sizes", "symbolic argument"})
-        self.assertEqual(stats.handled_share, 4 / (4 + sum(stats.fallbacks.values())))
+        self.assertGreaterEqual(stats.built, 5)
+        self.assertEqual(set(stats.fallbacks), {"symbolic argument"} if keybuilder.SYMBOLIC_KEYS else {"symbolic sizes", "symbolic argument"})
+        self.assertEqual(stats.handled_share, stats.built / (stats.built + sum(stats.fallbacks.values())))
         mode.cache_clear()
         self.assertEqual(repr(mode.cache_key_stats()), "KeyStats(built=0, fallbacks={})")
 
@@ -516,6 +635,8 @@ class TestKeyBuilder(TestCase):
         result = testing.run_json_script(self, script, env, "-W", "ignore")
         self.assertEqual((result["backend"], result["same"], result["hits"]), ("python", True, 1))
         self.assertGreaterEqual(result["built"], 2)  # the relu calls, and the ops making x
+
+
 
 
 def _dynamic(ndim: int, dims: int = 1) -> Any:

@@ -278,6 +278,20 @@ _INTERNALS: tuple[_Internal, ...] = (
         check=_check_key_state,
     ),
     _Internal("torch._subclasses._fake_tensor_utils", "_CacheKeyState.cache_on_shape_env", params=("self",)),
+    # keybuilder builds symbolic keys as convert_sym_int and
+    # extract_tensor_metadata do (Note [Symbolic keys] in csrc/keybuilder.cpp);
+    # it reads from extract_tensor_metadata's code whether it computes the
+    # memory format of a tensor with symbolic sizes.
+    _Internal(
+        "torch._subclasses._fake_tensor_utils",
+        "_CacheKeyState.convert_sym_int",
+        params=("self", "result", "arg"),
+        refers_to=("sym_node_lookup", "known_symbols", "shape_env", "free_symbols", "_InputBackref", "_PySymInputStub"),
+    ),
+    _Internal("torch._subclasses._fake_tensor_utils", "_PySymInputStub", fields=("value",)),
+    _Internal("torch._subclasses._fake_tensor_utils", "_InputBackref", fields=("value",)),
+    _Internal(_FT, "extract_tensor_metadata", params=("t",)),
+    _Internal(_FT, "suggest_memory_format", params=("x",)),
     # Functions.
     _Internal(_FT, "disable_fake_tensor_cache", params=("fake_mode",)),
     _Internal(_FT, "unset_fake_temporarily", params=()),

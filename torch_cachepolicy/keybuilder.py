@@ -11,10 +11,12 @@ args, kwargs)`` (the same tuple: equal, same hash, the same objects where
 torch puts objects), so entries stay shared with torch's storage and every
 other part of the cache is unchanged (Note [What the key builder reproduces]
 in ``csrc/keybuilder.cpp``). It handles exact FakeTensors of the mode with
-static sizes, strided, not quantized, without a constant; list/tuple/dict
-containers; and scalars of the types in :data:`PLAIN_TYPES`. For anything
-else (symbolic sizes or SymInt arguments, tensor subclasses, sparse, nested,
-quantized, constants, other argument types) it calls torch's ``_cache_key``,
+strided, not quantized, without a constant, their sizes static or symbolic;
+SymInt arguments; list/tuple/dict containers; and scalars of the types in
+:data:`PLAIN_TYPES`. A symbolic key updates the call's ``_CacheKeyState``
+as torch's would (Note [Symbolic keys] in ``csrc/keybuilder.cpp``). For
+anything else (tensor subclasses, sparse, nested, quantized, constants,
+SymBool/SymFloat, other argument types) it calls torch's ``_cache_key``,
 which raises the bypass or builds the key torch builds, and counts the
 fallback by reason in a :class:`KeyStats`
 (``FakeTensorMode.cache_key_stats()``).
@@ -28,19 +30,21 @@ holds both to torch's key.
 
 from __future__ import annotations
 
+import dis
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import SymBool, SymFloat, SymInt
-from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses import fake_tensor as _ft
+from torch._subclasses._fake_tensor_utils import _CacheKeyState, _InputBackref, _PySymInputStub
 from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheKey
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from torch_cachepolicy import native
 
-__all__ = ["PLAIN_TYPES", "KeyStats", "backend", "build_python", "cache_key", "key_prefix"]
+__all__ = ["PLAIN_TYPES", "SYMBOLIC_KEYS", "KeyStats", "backend", "build_python", "cache_key", "key_prefix"]
 
 PLAIN_TYPES: frozenset[type] = frozenset(
     {
@@ -62,6 +66,32 @@ container or a callable, so torch's ``_prep_args_for_hash`` sends them all to
 its final branch."""
 
 _SYM_TYPES = (SymInt, SymBool, SymFloat)
+
+
+def _symbolic_memory_format() -> tuple[bool, Callable[[Any], object] | None]:
+    """Whether keys with symbolic sizes can be built, and the function to call for their memory format.
+
+    torch's ``extract_tensor_metadata`` drops the memory format of a tensor
+    with symbolic sizes; torch 2.13 computes it first (``suggest_memory_format``
+    may guard on symbolic strides), torch 2.14 does not. Which one this torch
+    does is read from the function's code: the first use of
+    ``suggest_memory_format`` before or after that of
+    ``_has_symbolic_sizes_strides``. Code that reads neither keeps symbolic
+    keys with torch.
+    """
+    order = [
+        ins.argval
+        for ins in dis.get_instructions(_ft.extract_tensor_metadata)
+        if ins.argval in ("suggest_memory_format", "_has_symbolic_sizes_strides")
+    ]
+    if "suggest_memory_format" not in order or "_has_symbolic_sizes_strides" not in order:
+        return False, None
+    computed_first = order.index("suggest_memory_format") < order.index("_has_symbolic_sizes_strides")
+    return True, (_ft.suggest_memory_format if computed_first else None)
+
+
+SYMBOLIC_KEYS, _SUGGEST_FOR_SYMBOLIC = _symbolic_memory_format()
+"""Whether the builders build keys with symbolic values (this torch's extract_tensor_metadata is a known one)."""
 
 
 class KeyStats:
@@ -102,6 +132,10 @@ def _make_cpp_builder() -> Any:
         torch.contiguous_format,
         torch.channels_last,
         torch.channels_last_3d,
+        SymInt,
+        _PySymInputStub,
+        _InputBackref,
+        _SUGGEST_FOR_SYMBOLIC,
     )
 
 
@@ -146,14 +180,15 @@ def cache_key(
         reason = "state with symbols"
     else:
         prefix = key_prefix(mode, func)
+        scratch = state if SYMBOLIC_KEYS else None
         built: tuple[object, ...] | str = (
-            build_python(mode, prefix, args, kwargs)
+            build_python(mode, prefix, args, kwargs, scratch)
             if _cpp is None
-            else _cpp.build(mode, prefix, args, kwargs)
+            else _cpp.build(mode, prefix, args, kwargs, scratch)
         )
         if type(built) is tuple:
             key = _DispatchCacheKey(built)
-            if _canary.pending:
+            if _canary.pending or (_canary.pending_symbolic and state.sym_node_lookup):
                 return _canary.check(key, mode, state, func, args, kwargs, stats)
             stats.built += 1
             return key
@@ -172,12 +207,14 @@ class _Canary:
     silently split the cache or, worse, merge keys torch keeps apart. The
     tests hold the builder to torch's key on the supported releases; in the
     field, the first keys built are also checked against ``_cache_key``
-    (until one with a tensor agrees), and a disagreement turns the builder
-    off for the process, with a warning: every key is then torch's.
+    (until one with a tensor, and one with a symbol, agree; for the latter
+    also the state torch's key leaves), and a disagreement turns the
+    builder off for the process, with a warning: every key is then torch's.
     """
 
     def __init__(self) -> None:
         self.pending = True
+        self.pending_symbolic = True
         self.disabled = ""
 
     def check(
@@ -190,13 +227,22 @@ class _Canary:
         kwargs: Mapping[str, object],
         stats: KeyStats,
     ) -> _DispatchCacheKey:
-        expected = mode._cache_key(state, func, args, kwargs)
-        if expected == key and hash(expected) == hash(key):
+        fresh = _CacheKeyState(mode.shape_env)
+        expected = mode._cache_key(fresh, func, args, kwargs)
+        if (
+            expected == key
+            and hash(expected) == hash(key)
+            and fresh.sym_node_lookup == state.sym_node_lookup
+            and fresh.known_symbols == state.known_symbols
+            and fresh.shape_env is state.shape_env
+        ):
             stats.built += 1
             if torch.Size in key.key:
                 self.pending = False
+            if state.sym_node_lookup:
+                self.pending_symbolic = False
             return key
-        self.pending = False
+        self.pending = self.pending_symbolic = False
         self.disabled = "key builder disagrees with this torch"
         warnings.warn(
             f"torch_cachepolicy.keybuilder: the key built for {func} differs from "
@@ -206,6 +252,12 @@ class _Canary:
             stacklevel=4,
         )
         stats.fallbacks[self.disabled] = stats.fallbacks.get(self.disabled, 0) + 1
+        # The call goes on with torch's key, so with the state torch left.
+        state.sym_node_lookup, state.known_symbols, state.shape_env = (
+            fresh.sym_node_lookup,
+            fresh.known_symbols,
+            fresh.shape_env,
+        )
         return expected
 
 
@@ -221,25 +273,64 @@ def _length(n: int) -> str:
     return _LENGTHS[n] if n < 64 else f"length_{n}"
 
 
+class _SymNodes:
+    """The SymNodes of one key by first position, until the key is built (Note [Symbolic keys])."""
+
+    __slots__ = ("index", "order")
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        # (node, position); holding the node keeps its id unique meanwhile.
+        self.order: list[tuple[Any, int]] = []
+
+
 def build_python(
-    mode: Any, prefix: tuple[object, ...], args: object, kwargs: object
+    mode: Any,
+    prefix: tuple[object, ...],
+    args: object,
+    kwargs: object,
+    state: _CacheKeyState | None = None,
 ) -> tuple[object, ...] | str:
-    """``_C.KeyBuilder.build`` in Python: the key tuple, or the reason to fall back."""
+    """``_C.KeyBuilder.build`` in Python: the key tuple, or the reason to fall back.
+
+    With ``state`` (a fresh ``_CacheKeyState``), symbolic values are handled
+    too and, once the key is built, recorded in ``state`` as torch's
+    ``convert_sym_int`` records them.
+    """
     if mode.in_kernel_invocation:
         return "in kernel invocation"
     out = list(prefix)
+    syms = None if state is None else _SymNodes()
     if args:
-        reason = _container(mode, args, out)
+        reason = _container(mode, args, out, syms)
         if reason is not None:
             return reason
     if kwargs:
-        reason = _container(mode, kwargs, out)
+        reason = _container(mode, kwargs, out, syms)
         if reason is not None:
             return reason
+    if syms is not None and syms.order:
+        assert state is not None
+        for node, position in syms.order:
+            state.sym_node_lookup[id(node)] = position
+            state.known_symbols.update(node.expr.free_symbols)
+        if state.shape_env is None:
+            state.shape_env = syms.order[0][0].shape_env
     return tuple(out)
 
 
-def _container(mode: Any, c: Any, out: list[object]) -> str | None:
+def _sym_int(value: SymInt, out: list[object], syms: _SymNodes) -> None:
+    node = value.node
+    first = syms.index.get(id(node))
+    if first is None:
+        syms.index[id(node)] = len(out)
+        syms.order.append((node, len(out)))
+        out.append(_PySymInputStub(value))
+    else:
+        out.append(_InputBackref(first))
+
+
+def _container(mode: Any, c: Any, out: list[object], syms: _SymNodes | None) -> str | None:
     tp = type(c)
     if isinstance(c, dict):
         if tp is not dict:
@@ -247,7 +338,7 @@ def _container(mode: Any, c: Any, out: list[object]) -> str | None:
         out.append(tp)
         out.append(_length(len(c)))
         for item in (*c.keys(), *c.values()):
-            reason = _arg(mode, item, out)
+            reason = _arg(mode, item, out, syms)
             if reason is not None:
                 return reason
         return None
@@ -257,16 +348,19 @@ def _container(mode: Any, c: Any, out: list[object]) -> str | None:
     out.append(tp)
     out.append(_length(len(c)))
     for item in c:
-        reason = _arg(mode, item, out)
+        reason = _arg(mode, item, out, syms)
         if reason is not None:
             return reason
     return None
 
 
-def _arg(mode: Any, a: object, out: list[object]) -> str | None:
+def _arg(mode: Any, a: object, out: list[object], syms: _SymNodes | None) -> str | None:
     tp = type(a)
     if tp is FakeTensor:
-        return _fake_tensor(mode, a, out)  # type: ignore[arg-type]
+        return _fake_tensor(mode, a, out, syms)  # type: ignore[arg-type]
+    if tp is SymInt and syms is not None:
+        _sym_int(a, out, syms)  # type: ignore[arg-type]
+        return None
     if isinstance(a, torch.Tensor):
         return "FakeTensor subclass argument" if isinstance(a, FakeTensor) else "non-fake tensor argument"
     if tp in PLAIN_TYPES:
@@ -274,16 +368,17 @@ def _arg(mode: Any, a: object, out: list[object]) -> str | None:
         out.append(a)
         return None
     if isinstance(a, (list, tuple, dict)):
-        return _container(mode, a, out)
+        return _container(mode, a, out, syms)
     return "symbolic argument" if isinstance(a, _SYM_TYPES) else "argument of another type"
 
 
-def _fake_tensor(mode: Any, t: FakeTensor, out: list[object]) -> str | None:
+def _fake_tensor(mode: Any, t: FakeTensor, out: list[object], syms: _SymNodes | None) -> str | None:
     if t.fake_mode is not mode:
         return "fake tensor of another mode"
     if t.constant is not None:
         return "fake tensor with a constant"
-    if t._has_symbolic_sizes_strides:
+    symbolic = t._has_symbolic_sizes_strides
+    if symbolic and syms is None:
         return "symbolic sizes"
     if t.layout is not torch.strided:
         return "layout other than strided"
@@ -292,7 +387,7 @@ def _fake_tensor(mode: Any, t: FakeTensor, out: list[object]) -> str | None:
     if t.is_quantized:
         return "quantized tensor"
     nbytes = t.untyped_storage().nbytes()
-    if type(nbytes) is not int:
+    if type(nbytes) is not int and syms is None:
         return "symbolic storage size"
     shape = t.shape
     stride = t.stride()
@@ -301,23 +396,37 @@ def _fake_tensor(mode: Any, t: FakeTensor, out: list[object]) -> str | None:
     out.append(t.dtype)
     out.append(torch.Size)
     out.append(length)
-    for s in shape:
-        out.append(int)
-        out.append(s)
-    out.append(tuple)
-    out.append(length)
-    for s in stride:
-        out.append(int)
-        out.append(s)
+    for values in (shape, stride):
+        for s in values:
+            if type(s) is int:
+                out.append(int)
+                out.append(s)
+            elif type(s) is SymInt and syms is not None:
+                _sym_int(s, out, syms)
+            else:
+                return "symbolic size of another type"
+        if values is shape:
+            out.append(tuple)
+            out.append(length)
     out.append(t._fake_device)
     out.append(torch.strided)
-    if n in (4, 5) and _channels_last_like(shape, stride):
-        fmt = torch.channels_last if n == 4 else torch.channels_last_3d
+    if symbolic:
+        if n in (4, 5) and _SUGGEST_FOR_SYMBOLIC is not None:
+            _SUGGEST_FOR_SYMBOLIC(t)  # for its guards; see Note [Symbolic keys]
+        out.append(None)
     else:
-        fmt = torch.contiguous_format
-    out.append(fmt if t.is_contiguous(memory_format=fmt) else None)
-    out.append(t.storage_offset())
-    out.append(nbytes)
+        if n in (4, 5) and _channels_last_like(shape, stride):
+            fmt = torch.channels_last if n == 4 else torch.channels_last_3d
+        else:
+            fmt = torch.contiguous_format
+        out.append(fmt if t.is_contiguous(memory_format=fmt) else None)
+    for value in (t.storage_offset(), nbytes):
+        if type(value) is int:
+            out.append(value)
+        elif type(value) is SymInt and syms is not None:
+            _sym_int(value, out, syms)
+        else:
+            return "symbolic size of another type"
     out.append(t.requires_grad)
     out.append(False)  # is_quantized
     out.append(t.is_conj())

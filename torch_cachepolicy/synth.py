@@ -6,14 +6,17 @@ for each output, ``torch.empty_strided(..., device="meta")`` inside
 After the key, that is a hit's largest cost, and most of it is the context
 manager and the dispatch, not the tensor.
 
-:func:`output_plan` reads an entry once and says whether every output of it
-is *plain*: a tensor with static sizes and strides, strided, neither conj nor
-neg, not a view or in-place alias of an input (or a constant int, bool or
-``None``). For such an entry :func:`build` makes each meta tensor with
-``torch_cachepolicy._C.meta_empty_strided`` (Note [Building a hit's meta
-tensor without dispatch] in ``csrc/synth.cpp``) and the FakeTensor with
-torch's own constructor. Anything else (symbolic sizes, views, in-place ops,
-conj/neg bits, other layouts, SymInt constants) goes to torch's path, as does
+:func:`output_plan` reads an entry once and says whether :func:`build` can
+make each of its outputs: a strided tensor, neither conj nor neg, fresh
+(``_C.meta_empty_strided``), a view op's output on its argument's storage
+(``_C.meta_view_of``), an in-place op's argument itself, or a constant int,
+bool or ``None`` (Note [Building a hit's meta tensor without dispatch] in
+``csrc/synth.cpp``). Outputs with symbolic sizes, fresh or views, are copied
+from a template of torch's first synthesis of the entry
+(``_C.meta_fresh_like``, ``_C.meta_view_like``; Note [Symbolic hits from a
+template]). The FakeTensor is made as torch's constructor makes it
+(:class:`FakeTensors`). Anything else (conj/neg bits, other layouts, SymInt
+constants, a view that requires grad) goes to torch's path, as does
 everything without the C++ extension.
 
 Every entry is verified on the miss that creates it against the output this
@@ -57,18 +60,22 @@ __all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "bui
 #   (_SYMBOLIC, [template], requires_grad, device): a fresh tensor with
 #       symbolic sizes, copied from the template torch's first synthesis of
 #       the entry left (Note [Symbolic hits from a template] in csrc/synth.cpp);
-#       the template is filled in by Synthesizer.output.
+#       the template is filled in by Synthesizer.output;
+#   (_SYMBOLIC_VIEW, [template], arg index, device): a view op's output with
+#       symbolic sizes: the template's sizes, strides and offset on the
+#       storage of that argument.
 _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
-_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC = range(5)
+_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC, _SYMBOLIC_VIEW = range(6)
 
 # csrc/synth.cpp; fetched once because every plain hit calls them.
 _meta_empty_strided = native.function("meta_empty_strided")
 _meta_view_of = native.function("meta_view_of")
 _meta_template = native.function("meta_template")
 _meta_fresh_like = native.function("meta_fresh_like")
+_meta_view_like = native.function("meta_view_like")
 
 _CONSTANT_TYPES = (int, bool, type(None))
 
@@ -105,9 +112,12 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
     ):
         return None
     if not (_ints(m.shape) and _ints(m.stride)):
-        if info.view_idx is not None or _meta_fresh_like is None:
+        if info.view_idx is None:
+            return None if _meta_fresh_like is None else (_SYMBOLIC, [None], bool(m.requires_grad), m.device)
+        # As for a static view: a view that requires grad stays with torch.
+        if m.requires_grad or _meta_view_like is None:
             return None
-        return (_SYMBOLIC, [None], bool(m.requires_grad), m.device)
+        return (_SYMBOLIC_VIEW, [None], info.view_idx, m.device)
     if info.view_idx is None:
         return (_NEW, m.shape, m.stride, m.dtype, m.device, bool(m.requires_grad))
     # torch's set_ on a leaf that requires grad is autograd's business: its path.
@@ -129,7 +139,7 @@ def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | 
         step = _step(info)
         if step is None:
             return None
-        if step[0] == _VIEW and not (isinstance(func, OpOverload) and func.is_view):
+        if step[0] in (_VIEW, _SYMBOLIC_VIEW) and not (isinstance(func, OpOverload) and func.is_view):
             return None
         steps.append(step)
     if not entry.is_output_tuple and len(steps) != 1:
@@ -156,6 +166,12 @@ def build(mode: Any, plan: Plan, args: Sequence[object], new_fake: Callable[...,
             outputs.append(new_fake(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
         elif kind == _CONSTANT:
             outputs.append(step[1])
+        elif kind == _SYMBOLIC_VIEW:
+            template = step[1][0]
+            arg = args[step[2]] if step[2] < len(args) else None
+            if template is None or not isinstance(arg, FakeTensor):
+                return TORCH_PATH
+            outputs.append(new_fake(mode, _meta_view_like(template, arg), step[3]))  # type: ignore[misc]
         else:
             arg = args[step[1]] if step[1] < len(args) else None
             if not isinstance(arg, FakeTensor):
@@ -318,15 +334,18 @@ _MAX_PLANS = 4096
 _torch_output = _ft.FakeTensorMode._output_from_cache_entry
 
 
+_TEMPLATED = (_SYMBOLIC, _SYMBOLIC_VIEW)
+
+
 def _templates_filled(plan: Plan) -> bool:
-    return all(step[0] != _SYMBOLIC or step[1][0] is not None for step in plan[1])
+    return all(step[0] not in _TEMPLATED or step[1][0] is not None for step in plan[1])
 
 
 def _fill_templates(plan: Plan, output: object) -> None:
     """Keeps, for each symbolic step, a template of torch's synthesis of that output."""
     outputs: Any = output if plan[0] else (output,)
     for step, out in zip(plan[1], outputs, strict=True):
-        if step[0] == _SYMBOLIC and step[1][0] is None:
+        if step[0] in _TEMPLATED and step[1][0] is None:
             step[1][0] = _meta_template(out)  # type: ignore[misc]
 
 
