@@ -2,11 +2,14 @@
 
 Method (as torch's pr_time_benchmarks count instructions rather than time):
 every run executes the same process under ``valgrind --tool=callgrind``:
-import torch, build ``N_MAX`` fake inputs, then dispatch ``n`` times one
-stock workload; callgrind's total instruction count (``Collected``) is read
-from its summary. The per-dispatch cost is the difference between a run with
-``n = N_HI`` and one with ``n = N_LO`` divided by ``N_HI - N_LO``, so import,
-set-up and exit cancel out. ``PYTHONHASHSEED=0`` for repeatable counts. Each
+import torch, build ``N_MAX`` fake inputs, dispatch the workload once (the
+first miss and every lazy import on the path), then dispatch it ``n`` times
+inside ``functools.reduce``; callgrind collects only inside that call
+(``--collect-atstart=no --toggle-collect=functools_reduce``), and its total
+(``Collected``) is read from its summary. The per-dispatch cost is the
+difference between a run with ``n = N_HI`` and one with ``n = N_LO``
+divided by ``N_HI - N_LO``, so the loop's own set-up cancels out.
+``PYTHONHASHSEED=0``, and address randomization off (``setarch -R``). Each
 (torch, workload) is measured on unpatched torch and on torch with the whole
 series applied (patched copies served in place of the installed modules, as
 test/upstream_patch_probe.py does); no policy is attached, the default.
@@ -38,6 +41,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -94,20 +98,21 @@ def child(kind: str, n: int) -> None:
         kind = "bypass"
     if kind == "q":
         kind = "bypass"
-    xs = [mode.from_tensor(torch.empty(i + 1, 3)) for i in range(N_MAX)]
+    xs = [mode.from_tensor(torch.empty(i + 1, 3)) for i in range(N_MAX + 1)]
     q = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    x = xs[0]
+    steps = {
+        "hit": lambda _, i: x + x,
+        "miss": lambda _, i: xs[i] + xs[i],
+        "bypass": lambda _, i: q(x, 0.1, 0, -128, 127, torch.int8),
+    }
     with mode:
-        if kind == "hit":
-            x = xs[0]
-            for _ in range(n):
-                x + x
-        elif kind == "miss":
-            for x in xs[:n]:
-                x + x
-        else:
-            x = xs[0]
-            for _ in range(n):
-                q(x, 0.1, 0, -128, 127, torch.int8)
+        # One dispatch outside the measured loop: the first miss, and every
+        # lazy import on the path, happen here.
+        steps[kind](None, 0)
+        # Measured: callgrind collects only inside functools.reduce
+        # (--toggle-collect=functools_reduce), which nothing else calls.
+        functools.reduce(steps[kind], range(1, n + 1), None)
     info = FakeTensorMode.cache_info()
     print(json.dumps([info.hits, info.misses, info.bypasses]))
 
@@ -117,8 +122,11 @@ def instructions(kind: str, n: int, tree: str) -> int:
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run(
             [
+                *(["setarch", os.uname().machine, "-R"] if shutil.which("setarch") else []),  # no ASLR
                 "valgrind",
                 "--tool=callgrind",
+                "--collect-atstart=no",
+                "--toggle-collect=functools_reduce",
                 f"--callgrind-out-file={d}/out",
                 sys.executable,
                 __file__,
