@@ -10,9 +10,12 @@ inside ``functools.reduce``; callgrind collects only inside that call
 difference between a run with ``n = N_HI`` and one with ``n = N_LO``
 divided by ``N_HI - N_LO``, so the loop's own set-up cancels out.
 ``PYTHONHASHSEED=0``, and address randomization off (``setarch -R``). Each
-(torch, workload) is measured on unpatched torch and on torch with the whole
-series applied (patched copies served in place of the installed modules, as
-test/upstream_patch_probe.py does); no policy is attached, the default.
+workload is measured on two trees served the same way in place of the
+installed ``fake_tensor.py`` (a finder first on ``sys.meta_path``, as
+test/upstream_patch_probe.py does): an unpatched copy, and a copy with the
+whole series applied; no policy is attached, the default. (Serving the same
+file from another path changes the counts a little by itself, so the
+installed module is not the baseline.)
 
 Workloads (``FakeTensorMode()`` without a ShapeEnv):
 
@@ -78,7 +81,7 @@ def child(kind: str, n: int) -> None:
 
     mode = FakeTensorMode()
     if tree:
-        assert mode.cache_policy is None
+        assert getattr(mode, "cache_policy", None) is None
 
     class Policy:
         def decide(self, func: object) -> bool | str:
@@ -158,12 +161,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tree = pathlib.Path(d)
         rel = "torch/_subclasses/fake_tensor.py"
-        (tree / rel).parent.mkdir(parents=True)
-        shutil.copyfile(site / rel, tree / rel)
+        trees = {"unpatched": str(tree / "unpatched"), "series": str(tree / "series")}
+        for t in trees.values():
+            (pathlib.Path(t) / rel).parent.mkdir(parents=True)
+            shutil.copyfile(site / rel, pathlib.Path(t) / rel)
         for patch in SERIES:
-            subprocess.run(["patch", "-p1", "-s", "--fuzz=0", "-i", str(patch)], cwd=tree, check=True)
+            subprocess.run(["patch", "-p1", "-s", "--fuzz=0", "-i", str(patch)], cwd=trees["series"], check=True)
         wanted = list(WORKLOADS) + list(POLICY_WORKLOADS) if args.workloads == "all" else args.workloads.split(",")
-        trees = {"unpatched": "", "series": str(tree)}
         per: dict[tuple[str, str], float] = {}
         for kind in wanted:
             for name in [POLICY_WORKLOADS[kind]] if kind in POLICY_WORKLOADS else list(trees):
