@@ -8,7 +8,9 @@ inside ``functools.reduce``; callgrind collects only inside that call
 (``--collect-atstart=no --toggle-collect=functools_reduce``), and its total
 (``Collected``) is read from its summary. The per-dispatch cost is the
 difference between a run with ``n = N_HI`` and one with ``n = N_LO``
-divided by ``N_HI - N_LO``, so the loop's own set-up cancels out.
+divided by ``N_HI - N_LO``, so the loop's own set-up cancels out; the cyclic
+GC is off during the loop (a collection of the whole process would otherwise
+land in some runs and not others).
 ``PYTHONHASHSEED=0``, and address randomization off (``setarch -R``). Each
 workload is measured on two trees served the same way in place of the
 installed ``fake_tensor.py`` (a finder first on ``sys.meta_path``, as
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import pathlib
@@ -114,8 +117,12 @@ def child(kind: str, n: int) -> None:
         # lazy import on the path, happen here.
         steps[kind](None, 0)
         # Measured: callgrind collects only inside functools.reduce
-        # (--toggle-collect=functools_reduce), which nothing else calls.
+        # (--toggle-collect=functools_reduce), with the cyclic GC off so that
+        # no collection of the whole process lands in one run and not another.
+        gc.collect()
+        gc.disable()
         functools.reduce(steps[kind], range(1, n + 1), None)
+        gc.enable()
     info = FakeTensorMode.cache_info()
     print(json.dumps([info.hits, info.misses, info.bypasses]))
 
