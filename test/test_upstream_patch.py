@@ -4,8 +4,9 @@
 Every patch is applied to copies of the installed files in a temporary tree
 laid out like site-packages: alone, and as the series, in order. A subprocess
 (test/upstream_patch_probe.py) then imports torch with those copies loaded in
-place of the installed modules and runs each patch's TestCase. The installed
-torch is never written to.
+place of the installed modules and runs each patch's tests, which it reads
+from the patch's test patch to torch's test/test_fake_tensor.py
+(docs/upstream/tests/). The installed torch is never written to.
 
 The series is made against ``PATCH_BASE`` (2.13.0), where every patch applies
 exactly; on 2.14.1 every hunk's context is unchanged and only line numbers
@@ -42,23 +43,24 @@ SITE = pathlib.Path(torch.__file__).resolve().parent.parent
 PATCH_BASE = "2.13.0"  # the release whose line numbers the series carries
 TORCH_VERSION = str(torch.__version__).split("+")[0]
 
-# The series, in order: patch file -> (files it touches, its TestCase in the probe, independent of the others).
-SERIES: dict[str, tuple[tuple[str, ...], str, bool]] = {
-    "0001-fake-tensor-cache-clear-on-subclass.patch": (
+TESTS = UPSTREAM / "tests"
+# The series, in order: patch file -> (files it touches, its TestCase in the
+# probe, the patches its tests need besides itself). Each patch applies alone;
+# 0003 relies on 0001's checks of the entry builder for its policy entries.
+SERIES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
+    "0001-fake-tensor-cache-stock-hardening.patch": (("torch/_subclasses/fake_tensor.py",), "StockHardening", ()),
+    "0002-fake-tensor-cache-clear-on-subclass.patch": (
         ("torch/_subclasses/fake_tensor.py",),
-        "TestCacheClearOnSubclass",
-        True,
+        "CacheClearOnSubclass",
+        (),
     ),
-    "0002-hop-python-key-rule-along-mro.patch": (("torch/_ops.py",), "TestHopRuleAlongMro", True),
     "0003-fake-tensor-cache-policy.patch": (
-        ("torch/_subclasses/fake_tensor.py", "torch/library.py"),
-        "TestCachePolicy",
-        True,
+        ("torch/_subclasses/fake_tensor.py",),
+        "CachePolicy",
+        ("0001-fake-tensor-cache-stock-hardening.patch",),
     ),
 }
-# Tests that guard what a patch must keep, so they pass on unpatched torch too.
-KEEPS_TODAY = {"TestHopRuleAlongMro.test_exact_type_rule_wins"}
-TOUCHED = ("torch/_subclasses/fake_tensor.py", "torch/_ops.py", "torch/library.py")
+TOUCHED = ("torch/_subclasses/fake_tensor.py",)
 MODULES = {rel: rel[: -len(".py")].replace("/", ".") for rel in TOUCHED}
 
 
@@ -122,11 +124,36 @@ def run_probe(args: list[str], tree: pathlib.Path | None, marker: str) -> Any:
     raise AssertionError(f"subprocess exited {proc.returncode} without {marker}:\n{proc.stdout}\n{proc.stderr}")
 
 
-def probe_test_names(cls_name: str) -> list[str]:
-    """The test methods of the probe's TestCase ``cls_name``, read from its source (the probe is never imported here)."""
-    tree = ast.parse(PROBE.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
-    return [f"{cls_name}.{f.name}" for f in cls.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")]
+def added_test_source(patch: str) -> str:
+    """The lines the test patch of ``patch`` adds to test/test_fake_tensor.py (the probe's reading of them)."""
+    lines = []
+    in_hunk = False
+    for line in (TESTS / patch).read_text().splitlines():
+        if line.startswith("@@ "):
+            in_hunk = True
+        elif line.startswith(("--- ", "+++ ")):
+            in_hunk = False
+        elif in_hunk and line.startswith("+") and not line.startswith("+instantiate_parametrized_tests("):
+            lines.append(line[1:])
+    return "class Added:\n" + "\n".join(lines) + "\n"
+
+
+def probe_test_names(patch: str) -> list[str]:
+    """The test ids the probe runs for ``patch``: the methods its test patch adds, parametrized ones expanded."""
+    cls_name = SERIES[patch][1]
+    cls = ast.parse(added_test_source(patch)).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    names = []
+    for f in cls.body:
+        if not isinstance(f, ast.FunctionDef) or not f.name.startswith("test_"):
+            continue
+        params = [d for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "parametrize"]
+        variants = [""]
+        for d in params:
+            arg, values = ast.literal_eval(d.args[0]), ast.literal_eval(d.args[1])
+            variants = [f"{v}_{arg}_{value}" for v in variants for value in values]
+        names += [f"{cls_name}.{f.name}{v}" for v in variants]
+    return names
 
 
 def hunks(patch: str) -> dict[str, tuple[int, int]]:
@@ -162,12 +189,27 @@ class TestSeriesApplies(_Supported):
     """Each patch applies alone and in series to copies of the installed files."""
 
     def test_series_is_the_documented_one(self) -> None:
-        """docs/upstream holds exactly the series' patches, each touching only its declared files."""
+        """docs/upstream holds exactly the series' patches, each touching only its declared files, each with a test patch."""
         self.assertEqual(sorted(p.name for p in UPSTREAM.glob("*.patch")), list(SERIES))
+        self.assertEqual(sorted(p.name for p in TESTS.glob("*.patch")), list(SERIES))
         for patch, (files, _, _) in SERIES.items():
             text = (UPSTREAM / patch).read_text()
             self.assertEqual(re.findall(r"^--- a/(\S+)$", text, re.M), list(files), msg=patch)
             self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M), list(files), msg=patch)
+            tests = (TESTS / patch).read_text()
+            self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", tests, re.M), ["test/test_fake_tensor.py"], msg=patch)
+
+    def test_test_patches_add_tests_to_fake_tensor_dispatch_cache(self) -> None:
+        """Each test patch only adds lines, in FakeTensorDispatchCache, and adds at least one test named in its patch's header."""
+        for patch in SERIES:
+            text = (TESTS / patch).read_text()
+            body = text.split("\n--- a/", 1)[1]
+            self.assertNotRegex(body, r"(?m)^-(?!--)", msg=patch)
+            names = probe_test_names(patch)
+            self.assertGreater(len(names), 0, msg=patch)
+            header = (UPSTREAM / patch).read_text().split("\n--- a/", 1)[0]
+            self.assertIn("FakeTensorDispatchCache", header, msg=patch)
+            self.assertIn(f"tests/{patch}", header, msg=patch)
 
     def test_each_patch_has_a_header(self) -> None:
         """Every patch starts with a header saying what it does, why, and where its tests are."""
@@ -239,7 +281,7 @@ class TestSeriesApplies(_Supported):
 
 
 class TestSeriesBehaviour(_Supported):
-    """Each patch's TestCase passes with the series applied, and alone where the patch is independent."""
+    """Each patch's tests pass with the series applied and with the patch alone (plus what its tests need); all fail unpatched."""
 
     tmp: tempfile.TemporaryDirectory[str]
     series: pathlib.Path
@@ -258,9 +300,10 @@ class TestSeriesBehaviour(_Supported):
             tmp.cleanup()
         super().tearDownClass()
 
-    def assertAllPassed(self, result: dict[str, str], cls_name: str) -> None:
-        expected = probe_test_names(cls_name)
+    def assertAllPassed(self, result: dict[str, str], patch: str) -> None:
+        expected = probe_test_names(patch)
         self.assertGreater(len(expected), 0)
+        cls_name = SERIES[patch][1]
         got = {k: v for k, v in result.items() if k.startswith(cls_name + ".")}
         self.assertEqual(sorted(got), sorted(expected))
         failed = {k: v for k, v in got.items() if v != "ok"}
@@ -276,7 +319,7 @@ class TestSeriesBehaviour(_Supported):
 
     def test_patched_modules_are_the_ones_imported(self) -> None:
         """The subprocess loads the patched copies in place of the installed modules."""
-        code = "import torch._subclasses.fake_tensor as f, torch._ops as o, torch.library as l; print(f.__file__, o.__file__, l.__file__)"
+        code = "import torch._subclasses.fake_tensor as f; print(f.__file__)"
         env = {**os.environ, "TCP_PATCHED_TREE": str(self.series)}
         proc = subprocess.run(
             [sys.executable, "-c", f"import runpy; runpy.run_path({str(PROBE)!r}, run_name='probe'); {code}"],
@@ -290,33 +333,32 @@ class TestSeriesBehaviour(_Supported):
         self.assertEqual(proc.stdout.split(), [str(self.series / rel) for rel in TOUCHED])
 
     def test_each_patch_with_series(self) -> None:
-        """Every patch's TestCase passes with the whole series applied."""
-        for patch, (_, case, _) in SERIES.items():
+        """Every patch's tests pass with the whole series applied."""
+        for patch in SERIES:
             with self.subTest(patch=patch):
-                self.assertAllPassed(self.series_result(), case)
+                self.assertAllPassed(self.series_result(), patch)
 
-    def test_each_independent_patch_alone(self) -> None:
-        """Every independent patch's TestCase passes with only that patch applied."""
-        for patch, (_, case, independent) in SERIES.items():
-            if not independent:
-                continue
+    def test_each_patch_alone(self) -> None:
+        """Every patch's tests pass with only that patch (and the patches they need) applied."""
+        for patch, (_, case, needs) in SERIES.items():
             with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
-                tree = patched_tree(pathlib.Path(d), [patch])
-                self.assertAllPassed(run_probe(["probe", case], tree, "PROBE-RESULT"), case)
+                tree = patched_tree(pathlib.Path(d), [p for p in SERIES if p == patch or p in needs])
+                self.assertAllPassed(run_probe(["probe", case], tree, "PROBE-RESULT"), patch)
 
     def test_tests_fail_on_unpatched_torch(self) -> None:
-        """Every test of every patch fails on the installed, unpatched torch, except those guarding today's behaviour."""
+        """Every test of every patch fails on the installed, unpatched torch."""
         result = run_probe(["probe", *(case for _, case, _ in SERIES.values())], None, "PROBE-RESULT")
-        self.assertEqual(sorted(result), sorted(n for _, case, _ in SERIES.values() for n in probe_test_names(case)))
-        self.assertEqual({k for k, v in result.items() if v == "ok"}, KEEPS_TODAY)
+        self.assertEqual(sorted(result), sorted(n for patch in SERIES for n in probe_test_names(patch)))
+        self.assertEqual({k for k, v in result.items() if v == "ok"}, set())
 
     def test_no_policy_matches_stock_counters(self) -> None:
-        """Without a policy, a fixed workload leaves the same stock counters as unpatched torch (0003 alone, series)."""
+        """Without a policy, a fixed workload leaves the same stock counters and outputs as unpatched torch (each patch alone, series)."""
         stock = run_probe(["workload"], None, "WORKLOAD-RESULT")
         self.assertIn("non-builtin", stock[2])
-        with tempfile.TemporaryDirectory() as d:
-            alone = patched_tree(pathlib.Path(d), ["0003-fake-tensor-cache-policy.patch"])
-            self.assertEqual(run_probe(["workload"], alone, "WORKLOAD-RESULT"), stock)
+        for patch in SERIES:
+            with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
+                alone = patched_tree(pathlib.Path(d), [patch])
+                self.assertEqual(run_probe(["workload"], alone, "WORKLOAD-RESULT"), stock)
         self.assertEqual(run_probe(["workload"], self.series, "WORKLOAD-RESULT"), stock)
 
 
