@@ -14,6 +14,7 @@ import gc
 import io
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -209,7 +210,9 @@ class TestBenchCommand(TestCase):
         self.assertEqual(rc, EXIT_CORRECTNESS)
 
 
-def _synthetic_results(settings: Settings, *, ratio: float, policy_hits: int, patch_hits: int) -> dict[str, Any]:
+def _synthetic_results(
+    settings: Settings, *, ratio: float, policy_hits: int, patch_hits: int, names: Sequence[str] = ("qdq", "dialect", "aten-only")
+) -> dict[str, Any]:
     """A results document with every time ratio equal to ``ratio`` and the given hit counts."""
 
     def counts(hits: int) -> dict[str, Any]:
@@ -224,7 +227,7 @@ def _synthetic_results(settings: Settings, *, ratio: float, policy_hits: int, pa
     }
     return {
         "settings": dataclasses.asdict(settings),
-        "workloads": {name: workload for name in ("qdq", "dialect", "aten-only")},
+        "workloads": {name: workload for name in names},
         "memory": {},
     }
 
@@ -258,6 +261,14 @@ class TestTargetVerdicts(TestCase):
         """Cache outcomes are exact: equal ones PASS and different ones FAIL, in a quick run too."""
         self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=5), "counts", {"PASS"})
         self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=6), "counts", {"FAIL"})
+
+    @parametrize("policy_hits, status", [(5, "PASS"), (6, "PASS"), (4, "FAIL")])
+    def test_symbolic_counts_need_at_least_the_patchs_hits(self, policy_hits: int, status: str) -> None:
+        """On the symbolic workload the policy may hit more than the patch (Note [What the ShapeEnv knows]), not less."""
+        results = _synthetic_results(FULL, ratio=1.0, policy_hits=policy_hits, patch_hits=5, names=("symbolic",))
+        verdicts = {t.name: t.status for t in evaluate_targets(results)}
+        self.assertEqual(verdicts["policy's hits at least global-patch's on symbolic"], status)
+        self.assertEqual(verdicts["policy at most 0.75x global-patch on symbolic"], "FAIL")  # ratio 1.0
 
     def test_short_run_prints_no_fail_and_says_why(self) -> None:
         """A one-round run with --strict judges counts and memory only, exits 0, and says its timings are indicative."""

@@ -517,7 +517,7 @@ class TestKeyBuilder(TestCase):
         for value in (x.shape[0] > 2, x.shape[0] * 0.5):
             state = _CacheKeyState(mode.shape_env)
             for name, build in builders():
-                self.assertEqual(build(mode, keybuilder.key_prefix(mode, add), (x, value), {}, state), "symbolic argument")
+                self.assertEqual(build(mode, keybuilder.key_prefix(mode, add), (x, value), {}, state), "symbolic argument", msg=name)
             self.assertEqual((state.sym_node_lookup, state.known_symbols), ({}, set()), msg="a fall back leaves the state fresh")
         stats = keybuilder.KeyStats()
         seen = _CacheKeyState(mode.shape_env)

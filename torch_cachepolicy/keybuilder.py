@@ -87,7 +87,8 @@ def _symbolic_memory_format() -> tuple[bool, Callable[[Any], object] | None]:
     if "suggest_memory_format" not in order or "_has_symbolic_sizes_strides" not in order:
         return False, None
     computed_first = order.index("suggest_memory_format") < order.index("_has_symbolic_sizes_strides")
-    return True, (_ft.suggest_memory_format if computed_first else None)
+    # The function extract_tensor_metadata calls: the name in its module.
+    return True, (getattr(_ft, "suggest_memory_format") if computed_first else None)  # noqa: B009
 
 
 SYMBOLIC_KEYS, _SUGGEST_FOR_SYMBOLIC = _symbolic_memory_format()
@@ -396,8 +397,9 @@ def _fake_tensor(mode: Any, t: FakeTensor, out: list[object], syms: _SymNodes | 
     out.append(t.dtype)
     out.append(torch.Size)
     out.append(length)
-    for values in (shape, stride):
-        for s in values:
+    s: Any
+    for part, sizes in enumerate((shape, stride)):
+        for s in sizes:
             if type(s) is int:
                 out.append(int)
                 out.append(s)
@@ -405,7 +407,7 @@ def _fake_tensor(mode: Any, t: FakeTensor, out: list[object], syms: _SymNodes | 
                 _sym_int(s, out, syms)
             else:
                 return "symbolic size of another type"
-        if values is shape:
+        if part == 0:
             out.append(tuple)
             out.append(length)
     out.append(t._fake_device)
