@@ -290,6 +290,23 @@ class TestPythonDispatcher(FidelityTestCase):
         self.assertEqual([o[0] for o in ours], [torch.float64] * 2 + [torch.float32] * 2 + [torch.float64])  # type: ignore[index]
         self.assertEqual(mode.cache_report()[op].hits, 3)
 
+    def test_without_py_impl_kernels_entries_serve_both(self) -> None:
+        """An op with no py_impl kernel runs the same kernel either way: one entry serves calls with and without."""
+        op = torch.ops.tcp_fidelity.plain.default
+        self.assertFalse(op.py_kernels)
+
+        def run(mode: Any) -> list[object]:
+            out = []
+            with mode:
+                x = torch.empty(2, 3)
+                for on in (True, False, True, False):
+                    with enable_python_dispatcher() if on else contextlib_null():
+                        out.append(described(op(x)))
+            return out
+
+        _, mode = self.run_both(run)
+        self.assertEqual((mode.cache_report()[op].hits, mode.cache_report()[op].misses), (3, 1))
+
     def test_py_impl_added_for_another_key_is_noticed(self) -> None:
         """A py_impl kernel added after the first calls, for a key an entry did not depend on before, starts afresh."""
         FID.lib.define("pd_late(Tensor x) -> Tensor")

@@ -286,7 +286,8 @@ SOURCES: tuple[Source, ...] = (
             "_dispatch_cache",
         ),
         Coverage.SUB,
-        "routes.kernel_sub: every py_impl kernel of the op, whether the Python dispatcher is on, "
+        "routes.kernel_sub: every py_impl kernel of the op, whether the Python dispatcher is on "
+        "(for an op with py_impl kernels: the dispatcher's choice for one without is the same either way), "
         "and keyset.kernel_watch",
     ),
     Source(

@@ -226,8 +226,9 @@ def kernel_sub(route: Route, policy: CachePolicy) -> Hashable:
     (which swaps the function behind one fixed registered wrapper), the
     dispatcher's Meta and composite kernels (Library.impl), a rule for the
     FakeTensorMode class (register_torch_dispatch, py_impl(FakeTensorMode)),
-    every py_impl kernel and whether the Python dispatcher (which prefers
-    them to the dispatcher's) is on, a Python meta, a decomposition, an
+    every py_impl kernel and, for an op that has any, whether the Python
+    dispatcher (which prefers them to the dispatcher's) is on, a Python
+    meta, a decomposition, an
     implementation registered with fake_impls.register_op_impl, and a
     custom-ops profile covering the op. Holding the functions keeps them
     alive only as long as the store.
@@ -251,7 +252,11 @@ def kernel_sub(route: Route, policy: CachePolicy) -> Hashable:
         rules.get(_StockMode) if rules else None,
         # py_kernels is tested first: DispatchKey hashes slowly.
         tuple(py_kernels.items()) if py_kernels else None,
-        _tls_key_included(_PYTHON_DISPATCHER),
+        # Without py_impl kernels the Python dispatcher runs the kernel the
+        # dispatcher would (ops a kernel calls keep their own entries and
+        # sub-tables: Note [Entries cover inner ops]); ExportPass turns it on
+        # for some passes and not others, so the flag would split entries.
+        _tls_key_included(_PYTHON_DISPATCHER) if py_kernels else None,
         _meta_table.get(func),  # type: ignore[call-overload]
         _decomposition_table.get(func),  # type: ignore[call-overload]
         impls,
