@@ -123,6 +123,9 @@ class SymNodes {
     for (auto& node : order_) {
       Py_DECREF(node.first);
     }
+    for (PyObject* symbols : symbols_) {
+      Py_XDECREF(symbols);
+    }
   }
   // The first position of this node, or -1 (then it is recorded at `at`,
   // with a new reference).
@@ -139,10 +142,20 @@ class SymNodes {
   const std::vector<std::pair<PyObject*, Py_ssize_t>>& order() const {
     return order_;
   }
+  // The free symbols of the last node added, read when it was reached (a
+  // stolen reference): convert_sym_int reads them then, and a later tensor's
+  // memory-format guard may replace a symbol of an earlier node.
+  void set_symbols(PyObject* symbols) {
+    symbols_.push_back(symbols);
+  }
+  const std::vector<PyObject*>& symbols() const {
+    return symbols_;
+  }
 
  private:
   std::unordered_map<PyObject*, Py_ssize_t> index_;
   std::vector<std::pair<PyObject*, Py_ssize_t>> order_;
+  std::vector<PyObject*> symbols_;
 };
 
 class KeyBuilder {
@@ -284,10 +297,11 @@ class KeyBuilder {
   void commit(py::handle state, const SymNodes& syms) {
     py::object lookup = state.attr(lookup_name_);
     py::object known = state.attr(known_symbols_name_);
+    const auto& symbols = syms.symbols();
+    size_t i = 0;
     for (const auto& [node, index] : syms.order()) {
-      py::handle n(node);
       lookup[py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(node))] = py::int_(index);
-      known.attr("update")(n.attr(expr_name_).attr(free_symbols_name_));
+      known.attr("update")(py::handle(symbols[i++]));
     }
     if (state.attr(shape_env_name_).is_none()) {
       state.attr(shape_env_name_) = py::handle(syms.order().front().first).attr(shape_env_name_);
@@ -302,6 +316,16 @@ class KeyBuilder {
       return "error";
     }
     const Py_ssize_t first = syms.seen_or_add(node, out.size());
+    if (first < 0) {
+      PyObject* expr = PyObject_GetAttr(node, expr_name_.ptr());
+      PyObject* symbols = expr == nullptr ? nullptr : PyObject_GetAttr(expr, free_symbols_name_.ptr());
+      Py_XDECREF(expr);
+      syms.set_symbols(symbols);
+      if (symbols == nullptr) {
+        Py_DECREF(node);
+        return "error";
+      }
+    }
     Py_DECREF(node); // syms holds its own reference
     PyObject* item = nullptr;
     if (first >= 0) {

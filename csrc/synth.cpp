@@ -28,6 +28,7 @@
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
 
@@ -135,15 +136,21 @@ py::object meta_view_of(
 // each operation a sympy expression built in Python. For equal keys the
 // output's expressions are equal (a key holds its inputs' expressions, and an
 // entry's output sizes are those inputs' SymInts or fixed expressions), so
-// the output of one synthesis serves as a template for the rest:
-// meta_template makes a plain meta tensor with the template's sizes,
-// strides, offset and storage size; meta_fresh_like makes each hit's tensor
-// by copying that metadata onto a fresh meta storage of the same size (for a
-// view op, meta_view_like: onto the storage of this call's view argument, as
-// torch's set_ does). No SymInt arithmetic runs on a hit. The derived fields
-// (numel, contiguity) are left to be computed when asked, as on torch's
-// synthesis: computing one may add a guard, and an early guard would be one
-// an uncached run never adds.
+// the storage size one synthesis computed serves the rest: meta_template
+// keeps torch's first synthesis of the entry, and meta_fresh_like makes each
+// hit's tensor on a fresh meta storage of the template's size. The sizes,
+// strides and offset are not the template's: they are this call's SymInts,
+// taken from this call's key as torch's synthesis takes them
+// (_SymIntOutputStub.extract), so the output holds the very SymNodes of this
+// call's inputs (a tracer maps proxies by SymNode) and whatever the ShapeEnv
+// has learned since (a symbol replaced by a constant is an int again). A
+// view op's output (meta_view_like) takes this call's SymInts too, on the
+// storage of this call's view argument, as torch's set_ does. No SymInt
+// arithmetic runs on a hit. The derived fields (numel, contiguity) are left
+// to be computed when asked, as on torch's synthesis: computing one may add
+// a guard, and an early guard would be one an uncached run never adds. The
+// template's storage size belongs to the template's ShapeEnv: synth.py uses
+// the template only for calls whose key state has that ShapeEnv.
 
 at::Tensor checked_meta(const py::handle& obj, const std::string& api) {
   if (!THPVariable_Check(obj.ptr())) {
@@ -161,6 +168,12 @@ c10::Storage fresh_meta_storage(const c10::SymInt& nbytes) {
       c10::Storage::use_byte_size_t(), nbytes, c10::GetAllocator(c10::kMeta), /*resizable=*/true);
 }
 
+void check_rank(c10::SymIntArrayRef sizes, c10::SymIntArrayRef strides, const std::string& api) {
+  if (sizes.size() != strides.size()) {
+    throw py::value_error(api + ": sizes and strides differ in length");
+  }
+}
+
 py::object meta_template(const py::handle& source) {
   const at::Tensor src = checked_meta(source, "meta_template(...)");
   const c10::TensorImpl* impl = src.unsafeGetTensorImpl();
@@ -176,30 +189,45 @@ py::object meta_template(const py::handle& source) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
-py::object meta_fresh_like(const py::handle& templ, bool requires_grad) {
+py::object meta_fresh_like(
+    const py::handle& templ,
+    c10::SymIntArrayRef sizes,
+    c10::SymIntArrayRef strides,
+    const c10::SymInt& storage_offset,
+    bool requires_grad) {
   const at::Tensor src = checked_meta(templ, "meta_fresh_like(...)");
-  c10::intrusive_ptr<c10::TensorImpl> impl = src.unsafeGetTensorImpl()->shallow_copy_and_detach(
-      /*version_counter=*/c10::VariableVersion(/*version=*/0),
-      /*allow_tensor_metadata_change=*/true);
-  impl->set_storage_keep_dtype(fresh_meta_storage(src.unsafeGetTensorImpl()->storage().sym_nbytes()));
-  at::Tensor t(std::move(impl));
+  const c10::TensorImpl* timpl = src.unsafeGetTensorImpl();
+  check_rank(sizes, strides, "meta_fresh_like(...)");
+  // The sizes, strides and offset are this call's (the SymInts torch's
+  // synthesis would take from this call's key); only the storage size comes
+  // from the template, computed once for these expressions.
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      fresh_meta_storage(timpl->storage().sym_nbytes()),
+      c10::DispatchKeySet(c10::DispatchKey::Meta),
+      src.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
   if (requires_grad) {
     t.set_requires_grad(true);
   }
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
-py::object meta_view_like(const py::handle& templ, const py::handle& base) {
+py::object meta_view_like(
+    const py::handle& templ,
+    const py::handle& base,
+    c10::SymIntArrayRef sizes,
+    c10::SymIntArrayRef strides,
+    const c10::SymInt& storage_offset) {
   const at::Tensor src = checked_meta(templ, "meta_view_like(...)");
   const at::Tensor source = checked_meta(base, "meta_view_like(...)");
+  check_rank(sizes, strides, "meta_view_like(...)");
   // torch's synthesis of a view: empty_strided with the entry's sizes, then
-  // set_(base's storage, offset, sizes, strides). The template holds those
-  // sizes, strides and offset; the storage is this call's base's.
-  c10::intrusive_ptr<c10::TensorImpl> impl = src.unsafeGetTensorImpl()->shallow_copy_and_detach(
-      /*version_counter=*/c10::VariableVersion(/*version=*/0),
-      /*allow_tensor_metadata_change=*/true);
-  impl->set_storage_keep_dtype(source.storage());
-  return py::reinterpret_steal<py::object>(THPVariable_Wrap(at::Tensor(std::move(impl))));
+  // set_(base's storage, offset, sizes, strides): this call's SymInts on
+  // this call's base's storage, the template's dtype.
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(source.storage()), c10::DispatchKeySet(c10::DispatchKey::Meta), src.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
 } // namespace
@@ -237,16 +265,23 @@ void init_synth(py::module& m) {
       "meta_fresh_like",
       &meta_fresh_like,
       py::arg("template"),
+      py::arg("sizes"),
+      py::arg("strides"),
+      py::arg("storage_offset"),
       py::arg("requires_grad"),
-      "A new meta tensor with template's metadata (derived fields included)\n"
-      "on a fresh meta storage of the same size, without dispatch.");
+      "A new meta tensor with these (symbolic) sizes, strides and offset and\n"
+      "template's dtype, on a fresh meta storage of template's storage size,\n"
+      "without dispatch. See Note [Symbolic hits from a template].");
   m.def(
       "meta_view_like",
       &meta_view_like,
       py::arg("template"),
       py::arg("base"),
-      "A new meta tensor with template's (symbolic) sizes, strides and offset\n"
-      "on base's storage: a view op's hit, without dispatch.");
+      py::arg("sizes"),
+      py::arg("strides"),
+      py::arg("storage_offset"),
+      "A new meta tensor of template's dtype with these (symbolic) sizes,\n"
+      "strides and offset on base's storage: a view op's hit, without dispatch.");
 }
 
 } // namespace torch_cachepolicy

@@ -507,6 +507,29 @@ class TestKeyBuilder(TestCase):
         self.assertEqual(key, mode._cache_key(theirs, func, args, kwargs))
         self.assertEqual((stats.built, stats.fallbacks, state_difference(state, theirs)), (1, {}, None))
 
+    def test_symbolic_state_records_symbols_when_reached(self) -> None:
+        """A symbol that a later tensor's memory-format guard replaces is recorded as torch records it: when reached."""
+        if keybuilder._SUGGEST_FOR_SYMBOLIC is None:
+            self.skipTest("this torch's key adds no memory-format guard")
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        def case() -> tuple[Any, Any, tuple[Any, ...]]:
+            mode = StockMode(shape_env=ShapeEnv(specialize_zero_one=False))
+            dynamic = [DimDynamic.DYNAMIC] * 4
+            context = StatelessSymbolicContext(dynamic_sizes=dynamic, dynamic_strides=dynamic)
+            t = mode.from_tensor(torch.empty(2, 1, 1, 1), symbolic_context=context)
+            return mode, torch.ops.aten.add.Tensor, (t.stride()[1], t)
+
+        mode, func, args = case()
+        theirs = _CacheKeyState(mode.shape_env)
+        mode._cache_key(theirs, func, args, {})
+        self.assertTrue(mode.shape_env.replacements)  # the case replaces the first argument's symbol
+        for name, build in builders():
+            mode, func, args = case()
+            ours = _CacheKeyState(mode.shape_env)
+            self.assertIsInstance(build(mode, keybuilder.key_prefix(mode, func), args, {}, ours), tuple, msg=name)
+            self.assertEqual(sorted(map(str, ours.known_symbols)), sorted(map(str, theirs.known_symbols)), msg=name)
+
     def test_symbolic_fallbacks(self) -> None:
         """SymBool and SymFloat arguments, and a state that has seen symbols, are left to torch."""
         if not keybuilder.SYMBOLIC_KEYS:

@@ -18,6 +18,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
+from torch_cachepolicy import symbols
 from torch_cachepolicy.symbols import knowledge
 
 NS = "tcp_symbols"
@@ -52,6 +53,11 @@ def _learns(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty(1)
     torch._check(x.shape[0] > 4)  # teaches the ShapeEnv the fact it asked about: the next run answers otherwise
     return x.new_empty(2)
+
+
+@OPS.define("doubles(Tensor x) -> Tensor")
+def _doubles(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0] * 2)  # an output expression the entry stores itself
 
 
 ne_guard = OPS.op("ne_guard")
@@ -145,6 +151,28 @@ class TestSymbols(TestCase):
 
         mode = self.run_sequence(sequence)
         self.assertEqual((mode.cache_report()[asks_range].misses, mode.cache_report()[asks_range].hits), (2, 2))
+
+    def test_symbols_of_another_shape_env_bypass(self) -> None:
+        """Inputs whose symbols belong to other ShapeEnvs than the mode's bypass (stock bypasses them too), never crash."""
+        from torch._dynamo.source import ConstantSource
+
+        def run(cache: bool) -> tuple[list[object], list[list[str]]]:
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            envs = [ShapeEnv(), ShapeEnv()]
+            seen = []
+            with mode:
+                for env in envs:  # equal symbol names and hints: equal keys
+                    n = env.create_symintnode(env.create_symbol(6, ConstantSource("n")), hint=6)
+                    out = OPS.op("doubles")(torch.empty(n, 3))
+                    seen.append((str(out.shape), out.shape[0].node.shape_env is env, bool(out.shape[0] > 5)))
+            if cache:
+                self.assertEqual(
+                    mode.cache_report()[OPS.op("doubles")].bypasses, {symbols.UNKNOWN_SYMBOL: 2}
+                )
+            return seen, [[str(g.expr) for g in env.guards] for env in envs]
+
+        self.assertEqual(run(True), run(False))
 
     def test_knowledge_follows_replacements(self) -> None:
         """Once a symbol is replaced by another, facts about the other count for it."""

@@ -236,6 +236,34 @@ class TestSynthParity(TestCase):
                 self.assertIn(str(x.shape[0].node.expr), str(first.shape))
         self.assertEqual(guards[0], guards[1])
 
+    @parametrize("op", [aten.empty_like.default, aten.relu.default, aten.t.default, aten.view.default], name_fn=str)
+    def test_symbolic_hits_hold_this_calls_symints(self, op: Any) -> None:
+        """A symbolic hit's sizes are this call's SymInts, as torch's synthesis makes them: their SymNodes (a tracer
+        maps proxies by SymNode) and what the ShapeEnv learned since (a symbol replaced by a constant is an int)."""
+        def run(cache: bool) -> list[object]:
+            mode = _ParityMode(shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC])
+            x = mode.from_tensor(_t(4, 3), symbolic_context=ctx)
+            args = (lambda t: (t, [-1])) if op is aten.view.default else (lambda t: (t,))
+            seen: list[object] = []
+            with mode:
+                op(*args(x))
+                # A twin of x: new SymNodes with x's expressions, so an equal key.
+                twin = torch.empty_strided((x.shape[0] + 1 - 1, x.shape[1] * 1), x.stride())
+                out = op(*args(twin))
+                inputs = {id(s.node): f"twin.size{i}" for i, s in enumerate(twin.shape) if isinstance(s, torch.SymInt)}
+                seen.append([inputs.get(id(s.node), "other") for s in out.shape if isinstance(s, torch.SymInt)])
+                torch._check(x.shape[1] == 3)  # replaces a symbol by a constant
+                out = op(*args(x))
+                seen.append(([type(s).__name__ for s in out.shape], [type(s).__name__ for s in out.stride()]))
+            if cache:
+                self.assertEqual(mode.cache_report()[op].hits, 2)
+                self.assertBuiltAlike(mode, op, plain=True)
+            return seen
+
+        self.assertEqual(run(True), run(False))
+
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""
         mode = _ParityMode()

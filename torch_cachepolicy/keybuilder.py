@@ -281,8 +281,9 @@ class _SymNodes:
 
     def __init__(self) -> None:
         self.index: dict[int, int] = {}
-        # (node, position); holding the node keeps its id unique meanwhile.
-        self.order: list[tuple[Any, int]] = []
+        # (node, position, its free symbols when reached); holding the node
+        # keeps its id unique meanwhile.
+        self.order: list[tuple[Any, int, Any]] = []
 
 
 def build_python(
@@ -312,9 +313,9 @@ def build_python(
             return reason
     if syms is not None and syms.order:
         assert state is not None
-        for node, position in syms.order:
+        for node, position, symbols in syms.order:
             state.sym_node_lookup[id(node)] = position
-            state.known_symbols.update(node.expr.free_symbols)
+            state.known_symbols.update(symbols)
         if state.shape_env is None:
             state.shape_env = syms.order[0][0].shape_env
     return tuple(out)
@@ -325,7 +326,9 @@ def _sym_int(value: SymInt, out: list[object], syms: _SymNodes) -> None:
     first = syms.index.get(id(node))
     if first is None:
         syms.index[id(node)] = len(out)
-        syms.order.append((node, len(out)))
+        # Its free symbols now, as convert_sym_int reads them: a later
+        # tensor's memory-format guard may replace one of them.
+        syms.order.append((node, len(out), node.expr.free_symbols))
         out.append(_PySymInputStub(value))
     else:
         out.append(_InputBackref(first))

@@ -473,12 +473,13 @@ class FakeTensorMode(_StockMode):
             key = cache_key(self, state, func, args, kwargs, self._key_stats)
             if route.slots is not None:
                 key = extend_key(key, route.slots, state, args, kwargs)
+            shape_env = state.shape_env if state.cache_on_shape_env() else None
+            # Raises for a key with a symbol shape_env does not know (symbols.UNKNOWN_SYMBOL).
+            table = self._table(route, sub, state, shape_env)
         except _BypassDispatchCache as e:
             stats.bypass(e.reason)
             return self._dispatch_impl(func, types, args, kwargs)
 
-        shape_env = state.shape_env if state.cache_on_shape_env() else None
-        table = self._table(route, sub, state, shape_env)
         entry: Any = table.get(key)
         if entry is None:
             return self._miss(route, stats, state, key, table, sub, shape_env, types, args, kwargs)

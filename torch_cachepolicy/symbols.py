@@ -34,7 +34,12 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["knowledge"]
+from torch._subclasses.fake_tensor import _BypassDispatchCache
+
+__all__ = ["UNKNOWN_SYMBOL", "knowledge"]
+
+UNKNOWN_SYMBOL = "a symbol its mode's ShapeEnv does not know"
+"""The bypass reason of a key holding a symbol of another ShapeEnv."""
 
 
 class _Index:
@@ -89,13 +94,14 @@ def knowledge(shape_env: Any, symbols: Iterable[Any]) -> tuple[object, ...]:
             if fact_symbols <= reached:
                 facts.add(fact)
     divisible = frozenset(d for d in shape_env.divisible if d.free_symbols <= reached) if shape_env.divisible else _NONE
-    per_symbol = tuple(
-        sorted(
-            (
-                (str(s), replacements.get(s), ranges.get(s), len(asserts.get(s, ())), s in size_like)
-                for s in reached
-            ),
-            key=lambda row: row[0],
-        )
-    )
+    rows = []
+    for s in reached:
+        value_range = ranges.get(s)
+        if value_range is None:
+            # A symbol of another ShapeEnv (inputs from several in one mode):
+            # an entry would rebuild its output expressions in this one, which
+            # does not know the symbol. Stock bypasses backend ops anyway.
+            raise _BypassDispatchCache(UNKNOWN_SYMBOL)
+        rows.append((str(s), replacements.get(s), value_range, len(asserts.get(s, ())), s in size_like))
+    per_symbol = tuple(sorted(rows, key=lambda row: row[0]))
     return (per_symbol, frozenset(facts), divisible)

@@ -11,8 +11,9 @@ make each of its outputs: a strided tensor, neither conj nor neg, fresh
 (``_C.meta_empty_strided``), a view op's output on its argument's storage
 (``_C.meta_view_of``), an in-place op's argument itself, or a constant int,
 bool or ``None`` (Note [Building a hit's meta tensor without dispatch] in
-``csrc/synth.cpp``). Outputs with symbolic sizes, fresh or views, are copied
-from a template of torch's first synthesis of the entry
+``csrc/synth.cpp``). Outputs with symbolic sizes, fresh or views, take this
+call's SymInts from this call's key, as torch's synthesis does, and a fresh
+one the storage size of a template of torch's first synthesis of the entry
 (``_C.meta_fresh_like``, ``_C.meta_view_like``; Note [Symbolic hits from a
 template]). The FakeTensor is made as torch's constructor makes it
 (:class:`FakeTensors`). Anything else (conj/neg bits, other layouts, SymInt
@@ -57,13 +58,16 @@ __all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "bui
 #       tensor on the storage of that argument (a view op's output);
 #   (_INPLACE, arg index): that argument itself (an in-place op's output);
 #   (_CONSTANT, value): an int, bool or None;
-#   (_SYMBOLIC, [template], requires_grad, device): a fresh tensor with
-#       symbolic sizes, copied from the template torch's first synthesis of
-#       the entry left (Note [Symbolic hits from a template] in csrc/synth.cpp);
-#       the template is filled in by Synthesizer.output;
-#   (_SYMBOLIC_VIEW, [template], arg index, device): a view op's output with
-#       symbolic sizes: the template's sizes, strides and offset on the
-#       storage of that argument.
+#   (_SYMBOLIC, [template, its ShapeEnv], requires_grad, device, shape,
+#       stride, storage offset): a fresh tensor with symbolic sizes: this
+#       call's SymInts (the entry's shape, stride and offset hold ints and
+#       torch's _SymIntOutputStubs) on a fresh storage of the size torch's
+#       first synthesis of the entry computed (Note [Symbolic hits from a
+#       template] in csrc/synth.cpp); the template is filled in by
+#       Synthesizer.output;
+#   (_SYMBOLIC_VIEW, [template, its ShapeEnv], arg index, device, shape,
+#       stride, storage offset): a view op's output with symbolic sizes:
+#       this call's SymInts on the storage of that argument.
 _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
@@ -112,12 +116,13 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
     ):
         return None
     if not (_ints(m.shape) and _ints(m.stride)):
+        sym = (tuple(m.shape), tuple(m.stride), m.storage_offset)
         if info.view_idx is None:
-            return None if _meta_fresh_like is None else (_SYMBOLIC, [None], bool(m.requires_grad), m.device)
+            return None if _meta_fresh_like is None else (_SYMBOLIC, [None, None], bool(m.requires_grad), m.device, *sym)
         # As for a static view: a view that requires grad stays with torch.
         if m.requires_grad or _meta_view_like is None:
             return None
-        return (_SYMBOLIC_VIEW, [None], info.view_idx, m.device)
+        return (_SYMBOLIC_VIEW, [None, None], info.view_idx, m.device, *sym)
     if info.view_idx is None:
         return (_NEW, m.shape, m.stride, m.dtype, m.device, bool(m.requires_grad))
     # torch's set_ on a leaf that requires grad is autograd's business: its path.
@@ -147,11 +152,30 @@ def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | 
     return bool(entry.is_output_tuple), tuple(steps)
 
 
-def build(mode: Any, plan: Plan, args: Sequence[object], new_fake: Callable[..., Any] = FakeTensor) -> object:
+def _sym_values(values: tuple[Any, ...], key: _DispatchCacheKey, shape_env: Any) -> list[Any]:
+    # As torch's _get_output_tensor_from_cache_entry reads them: this call's
+    # SymInts from this call's key.
+    return [v if type(v) is int else v.extract(key, shape_env) for v in values]
+
+
+def _sym_offset(value: Any, key: _DispatchCacheKey, shape_env: Any) -> Any:
+    return value if type(value) is int else value.extract(key, shape_env)
+
+
+def build(
+    mode: Any,
+    plan: Plan,
+    args: Sequence[object],
+    new_fake: Callable[..., Any] = FakeTensor,
+    key: _DispatchCacheKey | None = None,
+    shape_env: Any = None,
+) -> object:
     """The output of a hit on an entry with this plan, made for ``mode``, or
     :data:`TORCH_PATH` when an aliased argument is not a FakeTensor (torch's
-    path raises the error for that). ``new_fake(mode, meta, device)`` wraps
-    each meta tensor (torch's constructor, or :class:`FakeTensors`)."""
+    path raises the error for that) or a symbolic output cannot be made
+    here. ``new_fake(mode, meta, device)`` wraps each meta tensor (torch's
+    constructor, or :class:`FakeTensors`). Symbolic outputs need this call's
+    ``key`` and its state's ``shape_env``."""
     is_tuple, steps = plan
     outputs: list[object] = []
     for step in steps:
@@ -160,18 +184,32 @@ def build(mode: Any, plan: Plan, args: Sequence[object], new_fake: Callable[...,
             meta = _meta_empty_strided(step[1], step[2], step[3], step[5])  # type: ignore[misc]
             outputs.append(new_fake(mode, meta, step[4]))
         elif kind == _SYMBOLIC:
-            template = step[1][0]
-            if template is None:
+            template, template_env = step[1]
+            if template is None or key is None or template_env is not shape_env:
                 return TORCH_PATH
-            outputs.append(new_fake(mode, _meta_fresh_like(template, step[2]), step[3]))  # type: ignore[misc]
+            meta = _meta_fresh_like(  # type: ignore[misc]
+                template,
+                _sym_values(step[4], key, shape_env),
+                _sym_values(step[5], key, shape_env),
+                _sym_offset(step[6], key, shape_env),
+                step[2],
+            )
+            outputs.append(new_fake(mode, meta, step[3]))
         elif kind == _CONSTANT:
             outputs.append(step[1])
         elif kind == _SYMBOLIC_VIEW:
-            template = step[1][0]
+            template, template_env = step[1]
             arg = args[step[2]] if step[2] < len(args) else None
-            if template is None or not isinstance(arg, FakeTensor):
+            if template is None or key is None or template_env is not shape_env or not isinstance(arg, FakeTensor):
                 return TORCH_PATH
-            outputs.append(new_fake(mode, _meta_view_like(template, arg), step[3]))  # type: ignore[misc]
+            meta = _meta_view_like(  # type: ignore[misc]
+                template,
+                arg,
+                _sym_values(step[4], key, shape_env),
+                _sym_values(step[5], key, shape_env),
+                _sym_offset(step[6], key, shape_env),
+            )
+            outputs.append(new_fake(mode, meta, step[3]))
         else:
             arg = args[step[1]] if step[1] < len(args) else None
             if not isinstance(arg, FakeTensor):
@@ -298,6 +336,8 @@ def checked_build(
     torch_build: Callable[[], object],
     args: Sequence[object],
     new_fake: Callable[..., Any] = FakeTensor,
+    key: _DispatchCacheKey | None = None,
+    shape_env: Any = None,
 ) -> object:
     """:func:`build`, compared with ``torch_build()`` while the canary lasts.
 
@@ -305,7 +345,7 @@ def checked_build(
     switches the fast path off for the process, warns, and returns torch's
     output: correct, only slower.
     """
-    ours = build(mode, plan, args, new_fake)
+    ours = build(mode, plan, args, new_fake, key, shape_env)
     if ours is TORCH_PATH or _canary.remaining <= 0:
         return ours
     from torch_cachepolicy.safety import describe, first_difference
@@ -341,11 +381,14 @@ def _templates_filled(plan: Plan) -> bool:
     return all(step[0] not in _TEMPLATED or step[1][0] is not None for step in plan[1])
 
 
-def _fill_templates(plan: Plan, output: object) -> None:
-    """Keeps, for each symbolic step, a template of torch's synthesis of that output."""
+def _fill_templates(plan: Plan, output: object, shape_env: Any) -> None:
+    """Keeps, for each symbolic step, a template of torch's synthesis of that
+    output, and the ShapeEnv of the call whose key it was made from (its
+    storage size's SymNode belongs to that ShapeEnv)."""
     outputs: Any = output if plan[0] else (output,)
     for step, out in zip(plan[1], outputs, strict=True):
         if step[0] in _TEMPLATED and step[1][0] is None:
+            step[1][1] = shape_env
             step[1][0] = _meta_template(out)  # type: ignore[misc]
 
 
@@ -393,15 +436,21 @@ class Synthesizer:
         if plan is not None:
             if not _templates_filled(plan):
                 first = _torch_output(mode, state, entry, key, func, args)
-                _fill_templates(plan, first)
+                _fill_templates(plan, first, state.shape_env)
                 return first
             output: object
             if _canary.remaining > 0:
                 output = checked_build(
-                    mode, plan, lambda: _torch_output(mode, state, entry, key, func, args), args, self._fakes.make
+                    mode,
+                    plan,
+                    lambda: _torch_output(mode, state, entry, key, func, args),
+                    args,
+                    self._fakes.make,
+                    key,
+                    state.shape_env,
                 )
             else:
-                output = build(mode, plan, args, self._fakes.make)
+                output = build(mode, plan, args, self._fakes.make, key, state.shape_env)
             if output is not TORCH_PATH:
                 return output
         return _torch_output(mode, state, entry, key, func, args)
