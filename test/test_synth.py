@@ -236,7 +236,11 @@ class TestSynthParity(TestCase):
                 self.assertIn(str(x.shape[0].node.expr), str(first.shape))
         self.assertEqual(guards[0], guards[1])
 
-    @parametrize("op", [aten.empty_like.default, aten.relu.default, aten.t.default, aten.view.default], name_fn=str)
+    @parametrize(
+        "op",
+        [aten.empty_like.default, aten.relu.default, aten.t.default, aten.view.default],
+        name_fn=lambda op: str(op).replace(".", "_"),
+    )
     def test_symbolic_hits_hold_this_calls_symints(self, op: Any) -> None:
         """A symbolic hit's sizes are this call's SymInts, as torch's synthesis makes them: their SymNodes (a tracer
         maps proxies by SymNode) and what the ShapeEnv learned since (a symbol replaced by a constant is an int)."""
