@@ -174,19 +174,32 @@ void check_rank(c10::SymIntArrayRef sizes, c10::SymIntArrayRef strides, const st
   }
 }
 
+// A meta tensor on `storage` with these sizes, strides and offset. The
+// derived fields (numel, contiguity) of symbolic sizes stay uncomputed, as on
+// the tensor torch's synthesis makes: computing one may guard (a size
+// compared with 1), and the guard belongs to whoever asks first, as under
+// stock.
+py::object meta_on(
+    c10::Storage storage,
+    caffe2::TypeMeta dtype,
+    c10::SymIntArrayRef sizes,
+    c10::SymIntArrayRef strides,
+    const c10::SymInt& storage_offset) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+}
+
 py::object meta_template(const py::handle& source) {
   const at::Tensor src = checked_meta(source, "meta_template(...)");
   const c10::TensorImpl* impl = src.unsafeGetTensorImpl();
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+  return meta_on(
       fresh_meta_storage(impl->storage().sym_nbytes()),
-      c10::DispatchKeySet(c10::DispatchKey::Meta),
-      src.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(
-      impl->sym_sizes(), impl->sym_strides(), impl->sym_storage_offset());
-  // The derived fields (numel, contiguity) stay uncomputed, as on the tensor
-  // torch's synthesis makes: computing one may guard (a size compared with
-  // 1), and the guard belongs to whoever asks first, as under stock.
-  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+      src.dtype(),
+      impl->sym_sizes(),
+      impl->sym_strides(),
+      impl->sym_storage_offset());
 }
 
 py::object meta_fresh_like(
@@ -196,20 +209,20 @@ py::object meta_fresh_like(
     const c10::SymInt& storage_offset,
     bool requires_grad) {
   const at::Tensor src = checked_meta(templ, "meta_fresh_like(...)");
-  const c10::TensorImpl* timpl = src.unsafeGetTensorImpl();
   check_rank(sizes, strides, "meta_fresh_like(...)");
   // The sizes, strides and offset are this call's (the SymInts torch's
   // synthesis would take from this call's key); only the storage size comes
   // from the template, computed once for these expressions.
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      fresh_meta_storage(timpl->storage().sym_nbytes()),
-      c10::DispatchKeySet(c10::DispatchKey::Meta),
-      src.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  py::object out = meta_on(
+      fresh_meta_storage(src.unsafeGetTensorImpl()->storage().sym_nbytes()),
+      src.dtype(),
+      sizes,
+      strides,
+      storage_offset);
   if (requires_grad) {
-    t.set_requires_grad(true);
+    THPVariable_Unpack(out.ptr()).set_requires_grad(true);
   }
-  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+  return out;
 }
 
 py::object meta_view_like(
@@ -224,10 +237,7 @@ py::object meta_view_like(
   // torch's synthesis of a view: empty_strided with the entry's sizes, then
   // set_(base's storage, offset, sizes, strides): this call's SymInts on
   // this call's base's storage, the template's dtype.
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(source.storage()), c10::DispatchKeySet(c10::DispatchKey::Meta), src.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
-  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+  return meta_on(c10::Storage(source.storage()), src.dtype(), sizes, strides, storage_offset);
 }
 
 } // namespace
@@ -259,8 +269,8 @@ void init_synth(py::module& m) {
       &meta_template,
       py::arg("source"),
       "A plain meta tensor with source's (symbolic) sizes, strides, offset and\n"
-      "storage size, its derived fields computed. See Note [Symbolic hits\n"
-      "from a template].");
+      "storage size, its derived fields left uncomputed. See Note [Symbolic\n"
+      "hits from a template].");
   m.def(
       "meta_fresh_like",
       &meta_fresh_like,
