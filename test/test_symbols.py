@@ -156,10 +156,12 @@ class TestSymbols(TestCase):
         """Inputs whose symbols belong to other ShapeEnvs than the mode's bypass (stock bypasses them too), never crash."""
         from torch._dynamo.source import ConstantSource
 
-        def run(cache: bool) -> tuple[list[object], list[list[str]]]:
+        def run(cache: bool, mode_has_the_name: bool) -> tuple[list[object], list[list[str]]]:
             mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv())
             mode.cache_enabled = cache
             envs = [ShapeEnv(), ShapeEnv()]
+            if mode_has_the_name:  # the mode's own ShapeEnv has a symbol of that name too
+                mode.shape_env.create_symbol(6, ConstantSource("n"))
             seen = []
             with mode:
                 for env in envs:  # equal symbol names and hints: equal keys
@@ -170,9 +172,10 @@ class TestSymbols(TestCase):
                 self.assertEqual(
                     mode.cache_report()[OPS.op("doubles")].bypasses, {symbols.UNKNOWN_SYMBOL: 2}
                 )
-            return seen, [[str(g.expr) for g in env.guards] for env in envs]
+            return seen, [[str(g.expr) for g in env.guards] for env in [*envs, mode.shape_env]]
 
-        self.assertEqual(run(True), run(False))
+        for mode_has_the_name in (False, True):
+            self.assertEqual(run(True, mode_has_the_name), run(False, mode_has_the_name), msg=str(mode_has_the_name))
 
     def test_knowledge_follows_replacements(self) -> None:
         """Once a symbol is replaced by another, facts about the other count for it."""

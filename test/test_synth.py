@@ -268,6 +268,47 @@ class TestSynthParity(TestCase):
 
         self.assertEqual(run(True), run(False))
 
+    def test_symbolic_hit_of_another_shape_env(self) -> None:
+        """A hit whose SymInts belong to another ShapeEnv than the template's (equal names, so an equal key) gets its
+        storage size from torch's synthesis, in its own ShapeEnv, as stock's hit does."""
+        from torch._dynamo.source import ConstantSource
+
+        def run(cache: bool) -> list[list[str]]:
+            mode = _ParityMode(shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            envs = [ShapeEnv(), ShapeEnv()]
+            with mode:
+                for env in envs:
+                    n = env.create_symintnode(env.create_symbol(6, ConstantSource("n")), hint=6)
+                    out = torch.relu(torch.empty(n, 3))
+                    bool(out.untyped_storage().nbytes() > 100)  # a guard on the storage size
+            if cache:
+                self.assertEqual(mode.cache_report()[aten.relu.default].hits, 1)
+            return [[str(g.expr) for g in env.guards] for env in envs]
+
+        self.assertEqual(run(True), run(False))
+
+    def test_bare_symint_output_is_a_new_symnode(self) -> None:
+        """A hit of an entry whose output is a bare SymInt returns a new SymNode, as an uncached run does, so a tracer
+        records the second call's output, not the first's."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            torch.ops.tcp_test.sym_double(x)
+            return x.new_empty(torch.ops.tcp_test.sym_double(x))
+
+        graphs = []
+        for cache in (True, False):
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_test"]), shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+            x = mode.from_tensor(_t(6), symbolic_context=ctx)
+            with mode:
+                graphs.append(make_fx(f)(x).code.strip())
+            if cache:
+                self.assertEqual(mode.cache_report()[torch.ops.tcp_test.sym_double.default].hits, 1)
+        self.assertEqual(graphs[0], graphs[1])
+
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""
         mode = _ParityMode()

@@ -53,7 +53,7 @@ from torch_cachepolicy.safety import (
     verify_entry,
 )
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
-from torch_cachepolicy.symbols import knowledge
+from torch_cachepolicy.symbols import check_own_symbols, knowledge
 from torch_cachepolicy.synth import Synthesizer
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
@@ -474,6 +474,8 @@ class FakeTensorMode(_StockMode):
             if route.slots is not None:
                 key = extend_key(key, route.slots, state, args, kwargs)
             shape_env = state.shape_env if state.cache_on_shape_env() else None
+            if shape_env is not None and kind != STOCK:
+                check_own_symbols(key, state)
             # Raises for a key with a symbol shape_env does not know (symbols.UNKNOWN_SYMBOL).
             table = self._table(route, sub, state, shape_env)
         except _BypassDispatchCache as e:

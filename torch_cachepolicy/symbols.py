@@ -36,10 +36,32 @@ from typing import Any
 
 from torch._subclasses.fake_tensor import _BypassDispatchCache
 
-__all__ = ["UNKNOWN_SYMBOL", "knowledge"]
+__all__ = ["UNKNOWN_SYMBOL", "check_own_symbols", "knowledge"]
 
-UNKNOWN_SYMBOL = "a symbol its mode's ShapeEnv does not know"
+UNKNOWN_SYMBOL = "a symbol of another ShapeEnv than its mode's"
 """The bypass reason of a key holding a symbol of another ShapeEnv."""
+
+
+def check_own_symbols(key: Any, state: Any) -> None:
+    """Bypasses a key holding a SymNode of another ShapeEnv than ``state``'s.
+
+    Keys compare symbols by expression, so a call whose inputs belong to
+    another ShapeEnv with equal symbol names may find an entry; rebuilding
+    its output expressions (torch's synthesis, a template) would put them,
+    and the guards later taken on them, in the wrong ShapeEnv. Stock
+    bypasses backend ops anyway, and inputs from several ShapeEnvs in one
+    mode are rare: a bypass costs little.
+
+    Raises:
+        _BypassDispatchCache: with :data:`UNKNOWN_SYMBOL`.
+    """
+    shape_env = state.shape_env
+    items = key.key
+    for index in state.sym_node_lookup.values():
+        stub = items[index] if index < len(items) else None
+        node = getattr(getattr(stub, "value", None), "node", None)
+        if node is not None and node.shape_env is not shape_env:
+            raise _BypassDispatchCache(UNKNOWN_SYMBOL)
 
 
 class _Index:

@@ -58,21 +58,24 @@ __all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "bui
 #       tensor on the storage of that argument (a view op's output);
 #   (_INPLACE, arg index): that argument itself (an in-place op's output);
 #   (_CONSTANT, value): an int, bool or None;
-#   (_SYMBOLIC, [template, its ShapeEnv], requires_grad, device, shape,
-#       stride, storage offset): a fresh tensor with symbolic sizes: this
-#       call's SymInts (the entry's shape, stride and offset hold ints and
-#       torch's _SymIntOutputStubs) on a fresh storage of the size torch's
-#       first synthesis of the entry computed (Note [Symbolic hits from a
-#       template] in csrc/synth.cpp); the template is filled in by
-#       Synthesizer.output;
-#   (_SYMBOLIC_VIEW, [template, its ShapeEnv], arg index, device, shape,
+#   (_SYMINT, value): a bare SymInt output: a new SymNode with its
+#       expression (an uncached run makes a new one, and a tracer maps
+#       proxies by SymNode);
+#   (_SYMBOLIC, [template, its storage size's ShapeEnv], requires_grad,
+#       device, shape, stride, storage offset): a fresh tensor with symbolic
+#       sizes: this call's SymInts (the entry's shape, stride and offset hold
+#       ints and torch's _SymIntOutputStubs) on a fresh storage of the size
+#       torch's first synthesis of the entry computed (Note [Symbolic hits
+#       from a template] in csrc/synth.cpp), for calls whose SymInts belong
+#       to that ShapeEnv; the template is filled in by Synthesizer.output;
+#   (_SYMBOLIC_VIEW, [template, unused], arg index, device, shape,
 #       stride, storage offset): a view op's output with symbolic sizes:
 #       this call's SymInts on the storage of that argument.
 _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
-_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC, _SYMBOLIC_VIEW = range(6)
+_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC, _SYMBOLIC_VIEW, _SYMINT = range(7)
 
 # csrc/synth.cpp; fetched once because every plain hit calls them.
 _meta_empty_strided = native.function("meta_empty_strided")
@@ -104,6 +107,8 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
         value = info.constant_value
         if info.view_idx is None and type(value) in _CONSTANT_TYPES:
             return (_CONSTANT, value)
+        if info.view_idx is None and type(value) is torch.SymInt:
+            return (_SYMINT, value)
         return None
     if (
         m.layout is not torch.strided
@@ -162,6 +167,17 @@ def _sym_offset(value: Any, key: _DispatchCacheKey, shape_env: Any) -> Any:
     return value if type(value) is int else value.extract(key, shape_env)
 
 
+def _shape_env_of(*groups: list[Any]) -> Any:
+    # The ShapeEnv of the first SymInt among this call's values; None if all
+    # are ints (a symbol replaced by a constant since), when torch's
+    # synthesis computes a static storage size.
+    for values in groups:
+        for v in values:
+            if type(v) is not int:
+                return v.node.shape_env
+    return None
+
+
 def build(
     mode: Any,
     plan: Plan,
@@ -185,22 +201,27 @@ def build(
             outputs.append(new_fake(mode, meta, step[4]))
         elif kind == _SYMBOLIC:
             template, template_env = step[1]
-            if template is None or key is None or template_env is not shape_env:
+            if template is None or key is None:
                 return TORCH_PATH
-            meta = _meta_fresh_like(  # type: ignore[misc]
-                template,
-                _sym_values(step[4], key, shape_env),
-                _sym_values(step[5], key, shape_env),
-                _sym_offset(step[6], key, shape_env),
-                step[2],
-            )
+            sizes = _sym_values(step[4], key, shape_env)
+            strides = _sym_values(step[5], key, shape_env)
+            offset = [_sym_offset(step[6], key, shape_env)]
+            # The template's storage size is a SymInt of its ShapeEnv; keys
+            # compare symbols by expression, so a call with symbols of
+            # another ShapeEnv (equal names) may hit the entry.
+            if template_env is not _STATIC_STORAGE and _shape_env_of(sizes, strides, offset) is not template_env:
+                return TORCH_PATH
+            meta = _meta_fresh_like(template, sizes, strides, offset[0], step[2])  # type: ignore[misc]
             outputs.append(new_fake(mode, meta, step[3]))
         elif kind == _CONSTANT:
             outputs.append(step[1])
+        elif kind == _SYMINT:
+            node = step[1].node
+            outputs.append(torch.SymInt(node.with_shape_env(node.shape_env)))
         elif kind == _SYMBOLIC_VIEW:
-            template, template_env = step[1]
+            template = step[1][0]
             arg = args[step[2]] if step[2] < len(args) else None
-            if template is None or key is None or template_env is not shape_env or not isinstance(arg, FakeTensor):
+            if template is None or key is None or not isinstance(arg, FakeTensor):
                 return TORCH_PATH
             meta = _meta_view_like(  # type: ignore[misc]
                 template,
@@ -381,14 +402,18 @@ def _templates_filled(plan: Plan) -> bool:
     return all(step[0] not in _TEMPLATED or step[1][0] is not None for step in plan[1])
 
 
-def _fill_templates(plan: Plan, output: object, shape_env: Any) -> None:
+# A template whose storage size is an int serves calls of any ShapeEnv.
+_STATIC_STORAGE = object()
+
+
+def _fill_templates(plan: Plan, output: object) -> None:
     """Keeps, for each symbolic step, a template of torch's synthesis of that
-    output, and the ShapeEnv of the call whose key it was made from (its
-    storage size's SymNode belongs to that ShapeEnv)."""
+    output, and the ShapeEnv its storage size's SymNode belongs to."""
     outputs: Any = output if plan[0] else (output,)
     for step, out in zip(plan[1], outputs, strict=True):
         if step[0] in _TEMPLATED and step[1][0] is None:
-            step[1][1] = shape_env
+            nbytes = out.untyped_storage().nbytes()
+            step[1][1] = _STATIC_STORAGE if type(nbytes) is int else nbytes.node.shape_env
             step[1][0] = _meta_template(out)  # type: ignore[misc]
 
 
@@ -436,7 +461,7 @@ class Synthesizer:
         if plan is not None:
             if not _templates_filled(plan):
                 first = _torch_output(mode, state, entry, key, func, args)
-                _fill_templates(plan, first, state.shape_env)
+                _fill_templates(plan, first)
                 return first
             output: object
             if _canary.remaining > 0:
