@@ -150,7 +150,7 @@ py::object meta_view_of(
 // to be computed when asked, as on torch's synthesis: computing one may add
 // a guard, and an early guard would be one an uncached run never adds. The
 // template's storage size belongs to the template's ShapeEnv: synth.py uses
-// the template only for calls whose key state has that ShapeEnv.
+// the template only for calls whose SymInts belong to that ShapeEnv.
 
 at::Tensor checked_meta(const py::handle& obj, const std::string& api) {
   if (!THPVariable_Check(obj.ptr())) {

@@ -288,27 +288,6 @@ class TestSynthParity(TestCase):
 
         self.assertEqual(run(True), run(False))
 
-    def test_bare_symint_output_is_a_new_symnode(self) -> None:
-        """A hit of an entry whose output is a bare SymInt returns a new SymNode, as an uncached run does, so a tracer
-        records the second call's output, not the first's."""
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        def f(x: torch.Tensor) -> torch.Tensor:
-            torch.ops.tcp_test.sym_double(x)
-            return x.new_empty(torch.ops.tcp_test.sym_double(x))
-
-        graphs = []
-        for cache in (True, False):
-            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_test"]), shape_env=ShapeEnv())
-            mode.cache_enabled = cache
-            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
-            x = mode.from_tensor(_t(6), symbolic_context=ctx)
-            with mode:
-                graphs.append(make_fx(f)(x).code.strip())
-            if cache:
-                self.assertEqual(mode.cache_report()[torch.ops.tcp_test.sym_double.default].hits, 1)
-        self.assertEqual(graphs[0], graphs[1])
-
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""
         mode = _ParityMode()

@@ -58,9 +58,6 @@ __all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "bui
 #       tensor on the storage of that argument (a view op's output);
 #   (_INPLACE, arg index): that argument itself (an in-place op's output);
 #   (_CONSTANT, value): an int, bool or None;
-#   (_SYMINT, value): a bare SymInt output: a new SymNode with its
-#       expression (an uncached run makes a new one, and a tracer maps
-#       proxies by SymNode);
 #   (_SYMBOLIC, [template, its storage size's ShapeEnv], requires_grad,
 #       device, shape, stride, storage offset): a fresh tensor with symbolic
 #       sizes: this call's SymInts (the entry's shape, stride and offset hold
@@ -75,7 +72,7 @@ _Step: TypeAlias = "tuple[Any, ...]"
 Plan: TypeAlias = "tuple[bool, tuple[_Step, ...]]"
 """``(is_output_tuple, steps)``: how :func:`build` rebuilds an entry's output."""
 
-_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC, _SYMBOLIC_VIEW, _SYMINT = range(7)
+_NEW, _VIEW, _INPLACE, _CONSTANT, _SYMBOLIC, _SYMBOLIC_VIEW = range(6)
 
 # csrc/synth.cpp; fetched once because every plain hit calls them.
 _meta_empty_strided = native.function("meta_empty_strided")
@@ -107,8 +104,6 @@ def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
         value = info.constant_value
         if info.view_idx is None and type(value) in _CONSTANT_TYPES:
             return (_CONSTANT, value)
-        if info.view_idx is None and type(value) is torch.SymInt:
-            return (_SYMINT, value)
         return None
     if (
         m.layout is not torch.strided
@@ -215,9 +210,6 @@ def build(
             outputs.append(new_fake(mode, meta, step[3]))
         elif kind == _CONSTANT:
             outputs.append(step[1])
-        elif kind == _SYMINT:
-            node = step[1].node
-            outputs.append(torch.SymInt(node.with_shape_env(node.shape_env)))
         elif kind == _SYMBOLIC_VIEW:
             template = step[1][0]
             arg = args[step[2]] if step[2] < len(args) else None
