@@ -118,6 +118,11 @@ def _size0(x: torch.Tensor) -> Any:
     return x.shape[0]
 
 
+@TEST_OPS.define("sym_double(Tensor x) -> SymInt")
+def _sym_double(x: torch.Tensor) -> Any:
+    return x.shape[0] * 2  # a new SymNode on every run
+
+
 @TEST_OPS.define("bad_view(Tensor x) -> Tensor")
 def _bad_view(x: torch.Tensor) -> torch.Tensor:
     return x.view(-1)  # aliases x, but the schema says it does not

@@ -288,6 +288,32 @@ class TestSynthParity(TestCase):
 
         self.assertEqual(run(True), run(False))
 
+    @parametrize("name", ["sym_double", "size0"])
+    def test_bare_symint_outputs_as_uncached(self, name: str) -> None:
+        """A hit of a bare SymInt output returns what an uncached run returns: this call's input SymInt (size0 returns
+        x.shape[0]) or a new SymNode (sym_double), so a traced graph is the uncached one."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        op = getattr(torch.ops.tcp_test, name).default
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            op(x)
+            twin = torch.empty_strided((x.shape[0] + 1 - 1,), x.stride())
+            return x.new_empty(op(twin))
+
+        results = []
+        for cache in (True, False):
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_test"]), shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            x = mode.from_tensor(_t(6), symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC]))
+            with mode:
+                n, m = op(x), op(x)
+                identity = (n.node is x.shape[0].node, m.node is x.shape[0].node, n.node is m.node)
+                results.append((identity, make_fx(f)(x).code.strip()))
+            if cache:
+                self.assertGreaterEqual(mode.cache_report()[op].hits, 2)
+        self.assertEqual(results[0], results[1])
+
     def test_requires_grad_output(self) -> None:
         """A hit of an entry whose output requires grad makes a leaf that requires grad."""
         mode = _ParityMode()

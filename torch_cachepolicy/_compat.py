@@ -289,6 +289,9 @@ _INTERNALS: tuple[_Internal, ...] = (
         refers_to=("sym_node_lookup", "known_symbols", "shape_env", "free_symbols", "_InputBackref", "_PySymInputStub"),
     ),
     _Internal("torch._subclasses._fake_tensor_utils", "_PySymInputStub", fields=("value",)),
+    # synth.stub_symint_output keeps a bare SymInt output as torch keeps a tensor output's sizes.
+    _Internal("torch._subclasses._fake_tensor_utils", "_SymIntOutputStub.__init__", params=("self", "value", "key_path")),
+    _Internal("torch._subclasses._fake_tensor_utils", "_SymIntOutputStub.extract", params=("self", "key", "shape_env")),
     _Internal("torch._subclasses._fake_tensor_utils", "_InputBackref", fields=("value",)),
     _Internal(_FT, "extract_tensor_metadata", params=("t",)),
     _Internal(_FT, "suggest_memory_format", params=("x",)),

@@ -54,7 +54,7 @@ from torch_cachepolicy.safety import (
 )
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
 from torch_cachepolicy.symbols import check_own_symbols, knowledge
-from torch_cachepolicy.synth import Synthesizer
+from torch_cachepolicy.synth import Synthesizer, stub_symint_output
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
 
@@ -556,6 +556,8 @@ class FakeTensorMode(_StockMode):
                 if shape_env is None and routes.runs_backend_fallback(route):
                     raise _BypassDispatchCache(BACKEND_FALLBACK)
             entry = self._make_cache_entry(state, key, func, args, kwargs, output)  # type: ignore[arg-type]
+            if not in_torch_storage:
+                entry = stub_symint_output(entry, state, key)
         except _BypassDispatchCache as e:
             # torch's own verdict (or a schema check of ours on a private
             # table): what a stock mode records, but never in torch's storage.

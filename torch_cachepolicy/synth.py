@@ -33,6 +33,7 @@ entry (Note [One synthesis for hits and their verification]).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
@@ -40,7 +41,7 @@ from typing import Any, TypeAlias
 import torch
 from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
-from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses._fake_tensor_utils import _CacheKeyState, _PySymInputStub, _SymIntOutputStub
 from torch._subclasses.fake_tensor import (
     FakeTensor,
     _DispatchCacheEntryOutputInfo,
@@ -50,7 +51,17 @@ from torch._subclasses.fake_tensor import (
 
 from torch_cachepolicy import native
 
-__all__ = ["TORCH_PATH", "FakeTensors", "Plan", "Synthesizer", "available", "build", "checked_build", "output_plan"]
+__all__ = [
+    "TORCH_PATH",
+    "FakeTensors",
+    "Plan",
+    "Synthesizer",
+    "available",
+    "build",
+    "checked_build",
+    "output_plan",
+    "stub_symint_output",
+]
 
 # How build() makes one output, by its first element:
 #   (_NEW, shape, stride, dtype, device, requires_grad): a fresh tensor;
@@ -384,7 +395,55 @@ def checked_build(
 # Output plans a synthesizer keeps (see Synthesizer.output).
 _MAX_PLANS = 4096
 
-_torch_output = _ft.FakeTensorMode._output_from_cache_entry
+_torch_synthesis = _ft.FakeTensorMode._output_from_cache_entry
+
+
+def _torch_output(
+    mode: Any,
+    state: _CacheKeyState,
+    entry: _DispatchCacheValidEntry,
+    key: _DispatchCacheKey,
+    func: Any,
+    args: Sequence[object],
+) -> Any:
+    """torch's synthesis, with a bare SymInt output rebuilt from its stub (:func:`stub_symint_output`)."""
+    output: Any = _torch_synthesis(mode, state, entry, key, func, args)
+    if type(output) is _SymIntOutputStub:
+        # Stubs are made only for entries kept on a ShapeEnv, which a hit's state has.
+        return output.extract(key, state.shape_env)  # type: ignore[arg-type]
+    return output
+
+
+def stub_symint_output(
+    entry: _DispatchCacheValidEntry, state: _CacheKeyState, key: _DispatchCacheKey
+) -> _DispatchCacheValidEntry:
+    """``entry`` with a bare SymInt output replaced by torch's ``_SymIntOutputStub``.
+
+    torch's entry keeps a bare SymInt output as it is, so every hit would hand
+    back the SymNode of the call that made the entry. An uncached run returns
+    an input's SymInt (its very SymNode, for a kernel returning
+    ``x.shape[0]``) or a new SymNode (``x.shape[0] * 2``); a tracer maps
+    proxies by SymNode, so the difference shows in a traced graph. The stub
+    does what torch does for a tensor output's sizes: a back reference to this
+    call's input SymInt in the key, or the expression, rebuilt as a new SymNode.
+    """
+    if entry.is_output_tuple or len(entry.output_infos) != 1 or not state.cache_on_shape_env():
+        return entry
+    info = entry.output_infos[0]
+    value = info.constant_value
+    if type(value) is not torch.SymInt:
+        return entry
+    index = state.sym_node_lookup.get(id(value.node))
+    items: tuple[Any, ...] = key.key
+    if index is not None and not (
+        index < len(items)
+        and type(items[index]) is _PySymInputStub
+        and getattr(items[index].value, "node", None) is value.node
+    ):
+        # A position outside torch's part of the key: rebuild from the expression.
+        index = None
+    stub = _SymIntOutputStub(value, index)
+    return dataclasses.replace(entry, output_infos=(dataclasses.replace(info, constant_value=stub),))
 
 
 _TEMPLATED = (_SYMBOLIC, _SYMBOLIC_VIEW)
