@@ -31,7 +31,14 @@ if USE_CPP:
     ext_modules.append(
         CppExtension(
             "torch_cachepolicy._C",
-            ["csrc/module.cpp", "csrc/keyset.cpp", "csrc/keybuilder.cpp", "csrc/keyparts.cpp", "csrc/synth.cpp"],
+            [
+                "csrc/module.cpp",
+                "csrc/keyset.cpp",
+                "csrc/keybuilder.cpp",
+                "csrc/keyparts.cpp",
+                "csrc/synth.cpp",
+                "csrc/hitpath.cpp",
+            ],
             extra_compile_args={"cxx": ["-O2"]},
         )
     )

@@ -656,6 +656,15 @@ class KeyBuilder {
 
 } // namespace
 
+py::object build_static_key(
+    py::handle builder,
+    py::handle mode,
+    py::tuple prefix,
+    py::handle args,
+    py::handle kwargs) {
+  return py::cast<KeyBuilder&>(builder).build(mode, std::move(prefix), args, kwargs, py::none());
+}
+
 void init_keybuilder(py::module& m) {
   py::class_<KeyBuilder>(
       m,

@@ -95,12 +95,12 @@ bool plain(PyObject* obj, std::vector<const void*>& storages, int depth) {
   return true;
 }
 
+} // namespace
+
 bool plain_args(const py::handle& args, const py::handle& kwargs) {
   std::vector<const void*> storages;
   return plain(args.ptr(), storages, 0) && plain(kwargs.ptr(), storages, 0);
 }
-
-} // namespace
 
 void init_keyparts(py::module& m) {
   m.def(

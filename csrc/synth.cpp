@@ -89,6 +89,10 @@ Layout as_layout(
   return out;
 }
 
+} // namespace
+
+// Out of the anonymous namespace: hitpath.cpp calls these two (module.h).
+
 py::object meta_empty_strided(
     const py::handle& shape,
     const py::handle& stride,
@@ -128,6 +132,8 @@ py::object meta_view_of(
   t.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides, storage_offset);
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
+
+namespace {
 
 // Note [Symbolic hits from a template]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

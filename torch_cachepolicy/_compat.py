@@ -354,6 +354,18 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._C", "_set_throw_on_mutable_data_ptr"),
     _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr"),
     _Internal(_FT, "FakeTensorConfig.debug", check=_is_type(bool)),
+    # hitpath / csrc/hitpath.cpp (Note [The hit in one native call]): a key
+    # made by filling _DispatchCacheKey's two slots (hitpath.key_slots reads
+    # its __init__ too), and get_proxy_mode's state read where get_proxy_mode
+    # reads it (hitpath.proxy_mode_readable compares the code's names).
+    _Internal(_FT, "_DispatchCacheKey.__init__", params=("self", "tup"), refers_to=("key", "hashvalue")),
+    _Internal("torch.fx.experimental.proxy_tensor", "get_proxy_mode", params=()),
+    _Internal("torch._ops", "_get_dispatch_mode_pre_dispatch", params=("mode_key",)),
+    _Internal("torch._ops", "mode_stack_state_for_pre_dispatch", params=()),
+    _Internal("torch._ops", "_ModeStackStateForPreDispatch.get", params=("self", "index")),
+    _Internal("torch._ops", "_mode_stack_state_for_pre_dispatch"),
+    # hitpath.compare: the dispatch keys of two outputs.
+    _Internal("torch._C", "_dispatch_keys"),
     _Internal(_FT, f"{_MODE}.__init__", refers_to=("_allow_unsafe_data_ptr_access", "allow_meta")),
     # safety.shape_env_state.
     _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", check=_check_shape_env_state),

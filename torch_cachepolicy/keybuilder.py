@@ -44,7 +44,17 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from torch_cachepolicy import native
 
-__all__ = ["PLAIN_TYPES", "SYMBOLIC_KEYS", "KeyStats", "backend", "build_python", "cache_key", "key_prefix"]
+__all__ = [
+    "PLAIN_TYPES",
+    "SYMBOLIC_KEYS",
+    "KeyStats",
+    "backend",
+    "build_python",
+    "cache_key",
+    "key_prefix",
+    "native_builder",
+    "settled",
+]
 
 PLAIN_TYPES: frozenset[type] = frozenset(
     {
@@ -146,6 +156,20 @@ _cpp = _make_cpp_builder()
 def backend() -> str:
     """``"cpp"`` when ``torch_cachepolicy._C.KeyBuilder`` builds keys, ``"python"`` otherwise."""
     return "python" if _cpp is None else "cpp"
+
+
+def native_builder() -> Any:
+    """The ``_C.KeyBuilder`` this module builds keys with, or None (the Python builder)."""
+    return _cpp
+
+
+def settled() -> bool:
+    """Whether a static key may be built natively with no comparison against ``_cache_key``.
+
+    True once the canary has seen a static key agree (and has not turned the
+    builder off); ``hitpath`` asks before every native hit.
+    """
+    return not _canary.pending and not _canary.disabled and _cpp is not None
 
 
 def key_prefix(mode: Any, func: object) -> tuple[object, ...]:

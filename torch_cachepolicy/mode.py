@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from typing_extensions import override
 
-from torch_cachepolicy import routes
+from torch_cachepolicy import hitpath, routes
 from torch_cachepolicy.arguments import check_cache_arguments, check_policy
 from torch_cachepolicy.deps import RUNS_EXCLUDED, Dependent, Frames
 from torch_cachepolicy.keybuilder import KeyStats, cache_key
@@ -55,6 +55,9 @@ from torch_cachepolicy.safety import (
 from torch_cachepolicy.store import CacheStore, Partition, Table, evict_when_collected, id_hashed_owner, partition
 from torch_cachepolicy.symbols import check_own_symbols, knowledge
 from torch_cachepolicy.synth import Synthesizer, stub_symint_output
+
+_NATIVE_HITS = hitpath.native_hits
+_DECLINED = hitpath.DECLINED
 
 __all__ = ["CrosscheckError", "FakeTensorMode"]
 
@@ -452,7 +455,6 @@ class FakeTensorMode(_StockMode):
                 self._record(route)
             return self._dispatch_impl(func, types, args, kwargs)
 
-        state = _CacheKeyState(self.shape_env)
         sub: Hashable = None
         try:
             if kind != STOCK and self.propagate_real_tensors:
@@ -469,11 +471,54 @@ class FakeTensorMode(_StockMode):
                     raise _BypassDispatchCache(PROFILED)
                 if route.slots.opaque:  # type: ignore[union-attr]
                     check_visible(route.slots, route.immutable, args, kwargs)  # type: ignore[arg-type]
+            if (
+                route.native
+                and route.static
+                and _NATIVE_HITS is not None
+                # How hits are built, overridden (a subclass) or patched (on
+                # the class or this mode), keeps every hit on the Python
+                # path, which calls it.
+                and type(self)._output_from_cache_entry is _OUTPUT_FROM_CACHE_ENTRY
+                and "_output_from_cache_entry" not in self.__dict__
+                and not self.cache_crosscheck_enabled
+                and hitpath.ready()
+            ):
+                # Note [The hit in one native call] (csrc/hitpath.cpp).
+                native_table: dict[Any, Any] | None = None
+                if kind == POLICY:
+                    try:
+                        native_table = self._partition.tables.get(sub)
+                    except TypeError:  # an unhashable context: _static_table raises the error naming it
+                        pass
+                if native_table is None:
+                    native_table = self._static_table(route, sub)
+                check = hitpath.parity()
+                if check is not None:
+                    output = self._checked_native_hit(check, route, native_table, func, args, kwargs)
+                else:
+                    synthesizer = self._synth
+                    output = _NATIVE_HITS.hit(
+                        self,
+                        func,
+                        args,
+                        kwargs,
+                        native_table,
+                        synthesizer.plans,
+                        synthesizer.fakes.bases,
+                        stats,
+                        self._key_stats,
+                        route.slots is not None,
+                    )
+                if output is not _DECLINED:
+                    return output
+            state = _CacheKeyState(self.shape_env)
             # torch's _cache_key, built cheaply when the arguments allow it.
             key = cache_key(self, state, func, args, kwargs, self._key_stats)
             if route.slots is not None:
                 key = extend_key(key, route.slots, state, args, kwargs)
             shape_env = state.shape_env if state.cache_on_shape_env() else None
+            # Symbolic keys are the Python path's; a static one may be native again.
+            route.static = shape_env is None
             if shape_env is not None and kind != STOCK:
                 check_own_symbols(key, state)
             # Raises for a key with a symbol shape_env does not know (symbols.UNKNOWN_SYMBOL).
@@ -500,6 +545,17 @@ class FakeTensorMode(_StockMode):
             crosscheck(self, output, func, types, args, kwargs)
         return output
 
+    def _static_table(self, route: Route, sub: Hashable) -> dict[Any, Any]:
+        """``_table`` for a key without symbols, of a ``POLICY`` or ``STOCK`` route (no state needed)."""
+        if route.kind == POLICY:
+            try:
+                return self._partition.table(sub, None)
+            except TypeError:
+                raise routes.unhashable_context(self._cache_policy, route.func, sub[0]) from None  # type: ignore[index]
+        if route.private or self._isolated:
+            return self._partition.table(STOCK_SUB, None)
+        return _StockMode.cache
+
     def _table(self, route: Route, sub: Hashable, state: _CacheKeyState, shape_env: Any) -> dict[Any, Any]:
         """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
         if route.kind == POLICY:
@@ -515,6 +571,48 @@ class FakeTensorMode(_StockMode):
         if shape_env is not None:
             return shape_env.fake_tensor_cache
         return _StockMode.cache
+
+    def _checked_native_hit(
+        self,
+        check: hitpath.Parity,
+        route: Route,
+        table: dict[Any, Any],
+        func: OpOverload,
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+    ) -> object:
+        """``_C.HitPath.hit``, compared with the Python path (:func:`hitpath.checking_parity`)."""
+        stats = route.stats
+        hits, built = stats.hits, self._key_stats.built
+        output = _NATIVE_HITS.hit(
+            self,
+            func,
+            args,
+            kwargs,
+            table,
+            self._synth.plans,
+            self._synth.fakes.bases,
+            stats,
+            self._key_stats,
+            route.slots is not None,
+        )
+        if output is _DECLINED:
+            check.declined += 1
+            return output
+        counted = stats.hits == hits + 1 and self._key_stats.built == built + 1
+
+        def python_path() -> object:
+            state = _CacheKeyState(self.shape_env)
+            key = cache_key(self, state, func, args, kwargs, KeyStats())
+            if route.slots is not None:
+                key = extend_key(key, route.slots, state, args, kwargs)
+            entry = table.get(key)
+            if type(entry) is not _DispatchCacheValidEntry:
+                raise AssertionError(f"the Python path finds {entry!r}, not the entry the native hit used")
+            return self._output_from_cache_entry(state, entry, key, func, args)
+
+        hitpath.compare(check, func, output, python_path, args, kwargs, counted)
+        return output
 
     def _miss(
         self,
@@ -699,6 +797,7 @@ class FakeTensorMode(_StockMode):
         route.stats = stats
         # torch fills stock dispatch's two tables at import.
         route.direct = func not in _META_HANDLERS and func not in _HANDLE_DIRECTLY
+        route.native = route.kind in (POLICY, STOCK) and (route.slots is None or not route.slots.generic)
         if memoized:
             self._routes[func] = route
         return route
@@ -753,6 +852,8 @@ class FakeTensorMode(_StockMode):
         elif route.backend is not None:
             self._record(route, self._sub(route))
 
+
+_OUTPUT_FROM_CACHE_ENTRY = FakeTensorMode._output_from_cache_entry
 
 # Keep mypy honest about the base class we extend.
 _: type[TorchDispatchMode] = FakeTensorMode

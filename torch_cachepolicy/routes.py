@@ -112,6 +112,12 @@ class Route:
         stats: the routing mode's counters for the op.
         direct: the mode may enter its hit path directly for the op (Note
             [Entering the hit path directly]).
+        native: its static-key hits may take ``_C.HitPath`` (``hitpath``):
+            a ``POLICY`` or ``STOCK`` route whose key extension, if any, has
+            a common case.
+        static: the op's last key built by the Python path held no symbols;
+            while it is False the mode does not offer calls to ``_C.HitPath``,
+            which declines symbolic keys.
     """
 
     __slots__ = (
@@ -123,10 +129,12 @@ class Route:
         "immutable",
         "kind",
         "label",
+        "native",
         "op_impls",
         "private",
         "rules",
         "slots",
+        "static",
         "stats",
         "taints",
     )
@@ -146,6 +154,8 @@ class Route:
         self.immutable: frozenset[type] = frozenset()
         # Filled in by the mode that routes the op.
         self.stats: Any = None
+        self.native = False
+        self.static = True
         self.direct = False
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "build",
     "checked_build",
     "output_plan",
+    "settled",
     "stub_symint_output",
 ]
 
@@ -101,6 +102,16 @@ TORCH_PATH = object()
 def available() -> bool:
     """Whether hits of plain entries are built by the C++ helper."""
     return _meta_empty_strided is not None
+
+
+def settled() -> bool:
+    """Whether a plain hit's output may be built natively with no check by torch's synthesis.
+
+    True once the canary has compared its outputs and the C++ helper is on,
+    while FakeTensors may make hits' FakeTensors (:data:`FAST_FAKE_TENSORS`,
+    FakeTensorConfig.debug off); ``hitpath`` asks before every native hit.
+    """
+    return _canary.remaining <= 0 and _meta_empty_strided is not None and FAST_FAKE_TENSORS and not _fake_config.debug
 
 
 def _ints(values: object) -> bool:
@@ -302,15 +313,16 @@ class FakeTensors:
     known one does not (:data:`FAST_FAKE_TENSORS`) keeps its constructor.
     """
 
-    __slots__ = ("_base",)
+    __slots__ = ("bases",)
 
     def __init__(self) -> None:
-        # device -> the __dict__ of torch's first FakeTensor of it (None: use torch's constructor)
-        self._base: dict[torch.device, dict[str, Any] | None] = {}
+        self.bases: dict[torch.device, dict[str, Any] | None] = {}
+        """device -> the ``__dict__`` of torch's first FakeTensor of it (None: torch's constructor).
+        Cleared in place, never replaced (``_C.HitPath`` reads it)."""
 
     def make(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
         """``FakeTensor(mode, meta, device)``."""
-        base = self._base.get(device, _UNSEEN)
+        base = self.bases.get(device, _UNSEEN)
         if base is None or _fake_config.debug or not FAST_FAKE_TENSORS:
             return FakeTensor(mode, meta, device)
         if base is _UNSEEN:
@@ -333,12 +345,12 @@ class FakeTensors:
             and state.get("_fake_device") == device
             and all(v is None for k, v in state.items() if k not in ("fake_mode", "_fake_device"))
         )
-        self._base[device] = state if plain else None
+        self.bases[device] = state if plain else None
         return t
 
     def clear(self) -> None:
         """Forgets the attributes it learned (they hold the mode)."""
-        self._base = {}
+        self.bases.clear()
 
 
 _UNSEEN: Any = object()
@@ -480,13 +492,15 @@ class Synthesizer:
     against the very function its hits use.
     """
 
-    __slots__ = ("_fakes", "_plans")
+    __slots__ = ("fakes", "plans")
 
     def __init__(self) -> None:
-        # id(entry) -> (entry, plan). The entry is held so that its id cannot
-        # name another entry while mapped.
-        self._plans: dict[int, tuple[object, Plan | None]] = {}
-        self._fakes = FakeTensors()
+        self.plans: dict[int, tuple[object, Plan | None]] = {}
+        """id(entry) -> (entry, plan). The entry is held so that its id cannot
+        name another entry while mapped. Cleared in place, never replaced
+        (``_C.HitPath`` reads it)."""
+        self.fakes = FakeTensors()
+        """Makes this mode's hits' FakeTensors."""
 
     def output(
         self,
@@ -500,14 +514,14 @@ class Synthesizer:
         """The output of a hit on ``entry`` for this call, made for ``mode``."""
         if _meta_empty_strided is None:
             return _torch_output(mode, state, entry, key, func, args)
-        planned = self._plans.get(id(entry))
+        planned = self.plans.get(id(entry))
         if planned is None or planned[0] is not entry:
             # Bounded: torch also calls this on entries it builds and drops
             # on every miss (to check each output), and torch's storage may
             # drop entries we still hold. Plans are cheap to rebuild.
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans = {}
-            planned = self._plans[id(entry)] = (entry, output_plan(entry, func))
+            if len(self.plans) >= _MAX_PLANS:
+                self.plans.clear()
+            planned = self.plans[id(entry)] = (entry, output_plan(entry, func))
         plan = planned[1]
         if plan is not None:
             if not _templates_filled(plan):
@@ -521,21 +535,21 @@ class Synthesizer:
                     plan,
                     lambda: _torch_output(mode, state, entry, key, func, args),
                     args,
-                    self._fakes.make,
+                    self.fakes.make,
                     key,
                     state.shape_env,
                 )
             else:
-                output = build(mode, plan, args, self._fakes.make, key, state.shape_env)
+                output = build(mode, plan, args, self.fakes.make, key, state.shape_env)
             if output is not TORCH_PATH:
                 return output
         return _torch_output(mode, state, entry, key, func, args)
 
     def __len__(self) -> int:
         """The number of entries with a memoized plan."""
-        return len(self._plans)
+        return len(self.plans)
 
     def clear(self) -> None:
         """Forgets every plan."""
-        self._plans = {}
-        self._fakes.clear()
+        self.plans.clear()
+        self.fakes.clear()
