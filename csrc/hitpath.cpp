@@ -68,6 +68,7 @@ class HitPath {
       py::object throw_on_data_ptr,
       py::object warn_on_data_ptr,
       py::object fake_init,
+      py::object fake_config,
       py::object default_dtype,
       py::object default_device,
       py::object inference_mode,
@@ -83,6 +84,7 @@ class HitPath {
         throw_on_data_ptr_(std::move(throw_on_data_ptr)),
         warn_on_data_ptr_(std::move(warn_on_data_ptr)),
         fake_init_(std::move(fake_init)),
+        fake_config_(std::move(fake_config)),
         default_dtype_(std::move(default_dtype)),
         default_device_(std::move(default_device)),
         inference_mode_(std::move(inference_mode)),
@@ -139,8 +141,14 @@ class HitPath {
     }
     py::object key = new_key(built, hash);
 
-    // The lookup: the hash is known, only a match calls the key's __eq__.
+    // The lookup: the hash is known, so only a match calls the key's
+    // __eq__ (CPython's _PyDict_GetItem_KnownHash; the public lookup, which
+    // also calls the key's __hash__, where a CPython hides it).
+#if PY_VERSION_HEX < 0x030D0000
     PyObject* found = _PyDict_GetItem_KnownHash(table.ptr(), key.ptr(), hash);
+#else
+    PyObject* found = PyDict_GetItemWithError(table.ptr(), key.ptr());
+#endif
     if (found == nullptr) {
       throw_if_error();
       return declined_;
@@ -209,8 +217,39 @@ class HitPath {
       }
     }
 
-    const int unsafe = truthy_attr(mode, unsafe_name_);
     py::tuple outputs(n);
+    try {
+      build_outputs(mode, steps, sources, base_of, outputs);
+    } catch (...) {
+      // The Python path counts its key before it builds the output: an
+      // error raised while building (user code run by FakeTensor.__init__)
+      // leaves the key counted and the hit not, there as here.
+      PyObject *type, *value, *trace;
+      PyErr_Fetch(&type, &value, &trace);
+      try {
+        increment(key_stats, built_name_);
+      } catch (...) {
+        PyErr_Clear();
+      }
+      PyErr_Restore(type, value, trace);
+      throw;
+    }
+    increment(key_stats, built_name_);
+    increment(stats, hits_name_);
+    if (is_tuple) {
+      return std::move(outputs);
+    }
+    return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outputs.ptr(), 0));
+  }
+
+ private:
+  void build_outputs(
+      py::handle mode,
+      PyObject* steps,
+      const std::vector<PyObject*>& sources,
+      const std::vector<py::object>& base_of,
+      py::tuple& outputs) const {
+    const Py_ssize_t n = PyTuple_GET_SIZE(steps);
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* step = PyTuple_GET_ITEM(steps, i);
       py::object out;
@@ -225,7 +264,7 @@ class HitPath {
               py::handle(PyTuple_GET_ITEM(step, 2)),
               py::handle(PyTuple_GET_ITEM(step, 3)),
               requires_grad != 0);
-          out = make_fake(meta, PyTuple_GET_ITEM(step, 4), base_of[static_cast<size_t>(i)], unsafe != 0);
+          out = make_fake(mode, meta, PyTuple_GET_ITEM(step, 4), base_of[static_cast<size_t>(i)]);
           break;
         }
         case kView: {
@@ -237,7 +276,7 @@ class HitPath {
               py::handle(PyTuple_GET_ITEM(step, 3)),
               offset,
               py::handle(PyTuple_GET_ITEM(step, 5)));
-          out = make_fake(meta, PyTuple_GET_ITEM(step, 6), base_of[static_cast<size_t>(i)], unsafe != 0);
+          out = make_fake(mode, meta, PyTuple_GET_ITEM(step, 6), base_of[static_cast<size_t>(i)]);
           break;
         }
         case kInplace:
@@ -249,15 +288,8 @@ class HitPath {
       }
       PyTuple_SET_ITEM(outputs.ptr(), i, out.release().ptr());
     }
-    increment(key_stats, built_name_);
-    increment(stats, hits_name_);
-    if (is_tuple) {
-      return std::move(outputs);
-    }
-    return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outputs.ptr(), 0));
   }
 
- private:
   // get_proxy_mode() is not None. With pre_dispatch_owner (torch._ops, whose
   // code hitpath.py has checked), read as get_proxy_mode reads it: the
   // dispatch mode TLS's PROXY slot (torch._C._get_dispatch_mode) and slot 0
@@ -338,7 +370,13 @@ class HitPath {
   }
 
   // synth.FakeTensors.make for a device whose attributes it has learned.
-  py::object make_fake(const py::object& meta, PyObject* device, const py::object& base, bool unsafe) const {
+  // The mode's data-pointer setting and FakeTensorConfig.debug are read for
+  // each output, as FakeTensors.make reads them (with debug on, torch's
+  // constructor makes the tensor, with its trace).
+  py::object make_fake(py::handle mode, const py::object& meta, PyObject* device, const py::object& base) const {
+    if (truthy_attr(fake_config_, debug_name_)) {
+      return fake_type_(mode, meta, py::handle(device));
+    }
     const bool requires_grad = THPVariable_Unpack(meta.ptr()).requires_grad();
     py::object t = make_subclass_(
         fake_type_,
@@ -346,7 +384,7 @@ class HitPath {
         requires_grad,
         py::arg("dispatch_device") = true,
         py::arg("device_for_backend_keys") = py::handle(device));
-    (unsafe ? warn_on_data_ptr_ : throw_on_data_ptr_)(t);
+    (truthy_attr(mode, unsafe_name_) ? warn_on_data_ptr_ : throw_on_data_ptr_)(t);
     py::object attrs = t.attr(dict_name_);
     if (PyDict_Update(attrs.ptr(), base.ptr()) < 0) {
       throw py::error_already_set();
@@ -387,6 +425,7 @@ class HitPath {
   py::object throw_on_data_ptr_;
   py::object warn_on_data_ptr_;
   py::object fake_init_;
+  py::object fake_config_;
   py::object default_dtype_;
   py::object default_device_;
   py::object inference_mode_;
@@ -403,6 +442,7 @@ class HitPath {
   py::str dict_name_{"__dict__"};
   py::str built_name_{"built"};
   py::str hits_name_{"hits"};
+  py::str debug_name_{"debug"};
 };
 
 } // namespace
@@ -429,6 +469,7 @@ void init_hitpath(py::module& m) {
               py::object,
               py::object,
               py::object,
+              py::object,
               py::object>(),
           py::arg("key_builder"),
           py::arg("key_type"),
@@ -439,6 +480,7 @@ void init_hitpath(py::module& m) {
           py::arg("throw_on_data_ptr"),
           py::arg("warn_on_data_ptr"),
           py::arg("fake_init"),
+          py::arg("fake_config"),
           py::arg("default_dtype"),
           py::arg("default_device"),
           py::arg("inference_mode"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import unittest
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -14,7 +14,7 @@ import torch
 import zoo_ops as zoo
 from test_kernel_zoo import ZooTestCase
 from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, run_tests
@@ -47,6 +47,20 @@ class _PassThroughProxy(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return func(*args, **(kwargs or {}))
+
+
+def portable_state(t: Any) -> tuple[object, ...]:
+    """An output's FakeTensor state comparable across modes: attribute kinds, dispatch keys, data-pointer guard, trace."""
+    attrs = sorted(
+        (k, "mode" if v is t.fake_mode else v if v is None or isinstance(v, (bool, int, str, torch.device)) else type(v))
+        for k, v in vars(t).items()
+    )
+    try:
+        t.untyped_storage().data_ptr()
+        data_ptr = "allowed"
+    except RuntimeError:
+        data_ptr = "raises"
+    return (type(t), attrs, str(torch._C._dispatch_keys(t)), data_ptr, hasattr(t, "_debug_trace"))
 
 
 def settle_canaries() -> None:
@@ -323,6 +337,86 @@ class TestHitPath(ZooTestCase):
         self.assertEqual((fired, served), ([1], [True]))
         self.assertEqual(first_difference(describe(out, (x,), {}), describe(reference, (x,), {})), None)
         self.assertTrue(all(t.fake_mode is mode and t.device == x.device for t in out))
+
+    def assertSameWithoutNative(self, run: Callable[[], object]) -> None:
+        """``run()`` returns the same with the native hit on and off."""
+        native = run()
+        with mock.patch.object(mode_module, "_NATIVE_HITS", None):
+            python = run()
+        self.assertEqual(native, python)
+
+    @unittest.skipIf(not HAS_NATIVE, NO_NATIVE)
+    def test_counters_when_a_dispatch_raises(self) -> None:
+        """An unhashable context, or an error raised while a hit's output is built, counts as on the Python path."""
+        context = {"value": 0}
+        policy = tcp.CachePolicy(namespaces=["quantized_decomposed"], context_key=lambda: context["value"])
+
+        def unhashable_context() -> tuple[object, ...]:
+            mode = tcp.FakeTensorMode(cache_policy=policy, cache_store=tcp.CacheStore(isolated=True))
+            x = mode.from_tensor(torch.randn(4))
+            errors = []
+            with mode:
+                for value in (0, 0, 0, [1], [1], 0):
+                    context["value"] = value
+                    try:
+                        _quantize(x)
+                    except TypeError as e:
+                        errors.append(str(e))
+            return mode.cache_info(), mode.cache_key_stats().built, errors
+
+        def raise_in_fake_tensor_init() -> tuple[object, ...]:
+            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            x = mode.from_tensor(torch.randn(4, 6))
+            with mode:
+                for _ in range(3):
+                    aten.max.dim(x, 1)
+
+                def interrupt(frame: Any, event: str, arg: Any) -> None:
+                    if event == "call" and frame.f_code is FakeTensor.__init__.__code__:
+                        sys.setprofile(None)
+                        raise RuntimeError("interrupted")
+
+                sys.setprofile(interrupt)
+                try:
+                    with self.assertRaisesRegex(RuntimeError, "interrupted"):
+                        aten.max.dim(x, 1)
+                finally:
+                    sys.setprofile(None)
+            return mode.cache_info(), mode.cache_key_stats().built
+
+        self.assertSameWithoutNative(unhashable_context)
+        self.assertSameWithoutNative(raise_in_fake_tensor_init)
+        self.assertEqual(len(unhashable_context()[2]), 2)
+
+    @unittest.skipIf(not HAS_NATIVE, NO_NATIVE)
+    @parametrize("flag", ["data_ptr", "debug"])
+    def test_flags_read_for_each_output(self, flag: str) -> None:
+        """A data-pointer setting or FakeTensorConfig.debug changed between a tuple hit's outputs applies to the later ones."""
+
+        def run() -> list[object]:
+            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            x = mode.from_tensor(torch.randn(4, 6))
+            with mode:
+                for _ in range(3):
+                    aten.max.dim(x, 1)
+
+                def flip(frame: Any, event: str, arg: Any) -> None:
+                    if event == "call" and frame.f_code is FakeTensor.__init__.__code__:
+                        sys.setprofile(None)  # once, while output 0 is made
+                        if flag == "data_ptr":
+                            mode._allow_unsafe_data_ptr_access = not mode._allow_unsafe_data_ptr_access
+                        else:
+                            FakeTensorConfig.debug = True
+
+                sys.setprofile(flip)
+                try:
+                    out = aten.max.dim(x, 1)
+                finally:
+                    sys.setprofile(None)
+                    FakeTensorConfig.debug = False
+            return [portable_state(t) for t in out]
+
+        self.assertSameWithoutNative(run)
 
     def test_key_slots_on_this_torch(self) -> None:
         """torch's _DispatchCacheKey still sets exactly its two slots (else HitPath calls the class)."""

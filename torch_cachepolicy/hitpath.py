@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, _DispatchCacheKey, _DispatchCacheValidEntry
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, _DispatchCacheKey, _DispatchCacheValidEntry
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from torch_cachepolicy import keybuilder, native, synth
 
-__all__ = ["DECLINED", "Parity", "checking_parity", "compare", "key_slots", "make_hit_path", "native_hits", "parity", "proxy_mode_readable", "ready"]
+__all__ = ["DECLINED", "Parity", "checking_parity", "compare", "fake_state", "key_slots", "make_hit_path", "native_hits", "parity", "proxy_mode_readable", "ready"]
 
 DECLINED: Any = object()
 """What ``_C.HitPath.hit`` returns for a call the Python path must handle."""
@@ -100,6 +100,7 @@ def make_hit_path(**overrides: Any) -> Any:
         throw_on_data_ptr=torch._C._set_throw_on_mutable_data_ptr,
         warn_on_data_ptr=torch._C._set_warn_deprecated_on_mutable_data_ptr,
         fake_init=FakeTensor.__init__,
+        fake_config=FakeTensorConfig,
         # keybuilder.key_prefix's getters.
         default_dtype=torch.get_default_dtype,
         default_device=torch._C._get_default_device,
@@ -164,7 +165,8 @@ def checking_parity() -> Iterator[Parity]:
         _parity = None
 
 
-def _fake_state(t: object) -> object:
+def fake_state(t: object) -> object:
+    """What :func:`compare` compares of an output beyond ``describe``: type, attributes, dispatch keys, guards."""
     if not isinstance(t, FakeTensor):
         return None
     attrs = sorted((k, v if v is None or isinstance(v, (bool, int, str, torch.device)) else id(v)) for k, v in vars(t).items())
@@ -208,6 +210,6 @@ def compare(
     natives = native_output if isinstance(native_output, tuple) else (native_output,)
     references = reference if isinstance(reference, tuple) else (reference,)
     for i, (a, b) in enumerate(zip(natives, references, strict=True)):
-        if type(a) is not type(b) or _fake_state(a) != _fake_state(b):
-            parity.differences.append(f"{func}: output {i}: {_fake_state(a)} != {_fake_state(b)}")
+        if type(a) is not type(b) or fake_state(a) != fake_state(b):
+            parity.differences.append(f"{func}: output {i}: {fake_state(a)} != {fake_state(b)}")
             return

@@ -486,31 +486,34 @@ class FakeTensorMode(_StockMode):
                 # Note [The hit in one native call] (csrc/hitpath.cpp).
                 native_table: dict[Any, Any] | None = None
                 if kind == POLICY:
+                    # A sub-table not made yet holds no entry; an unhashable
+                    # context is the Python path's to report (after its key).
                     try:
                         native_table = self._partition.tables.get(sub)
-                    except TypeError:  # an unhashable context: _static_table raises the error naming it
+                    except TypeError:
                         pass
-                if native_table is None:
-                    native_table = self._static_table(route, sub)
-                check = hitpath.parity()
-                if check is not None:
-                    output = self._checked_native_hit(check, route, native_table, func, args, kwargs)
                 else:
-                    synthesizer = self._synth
-                    output = _NATIVE_HITS.hit(
-                        self,
-                        func,
-                        args,
-                        kwargs,
-                        native_table,
-                        synthesizer.plans,
-                        synthesizer.fakes.bases,
-                        stats,
-                        self._key_stats,
-                        route.slots is not None,
-                    )
-                if output is not _DECLINED:
-                    return output
+                    native_table = self._stock_table(route)
+                if native_table is not None:
+                    check = hitpath.parity()
+                    if check is not None:
+                        output = self._checked_native_hit(check, route, native_table, func, args, kwargs)
+                    else:
+                        synthesizer = self._synth
+                        output = _NATIVE_HITS.hit(
+                            self,
+                            func,
+                            args,
+                            kwargs,
+                            native_table,
+                            synthesizer.plans,
+                            synthesizer.fakes.bases,
+                            stats,
+                            self._key_stats,
+                            route.slots is not None,
+                        )
+                    if output is not _DECLINED:
+                        return output
             state = _CacheKeyState(self.shape_env)
             # torch's _cache_key, built cheaply when the arguments allow it.
             key = cache_key(self, state, func, args, kwargs, self._key_stats)
@@ -545,13 +548,8 @@ class FakeTensorMode(_StockMode):
             crosscheck(self, output, func, types, args, kwargs)
         return output
 
-    def _static_table(self, route: Route, sub: Hashable) -> dict[Any, Any]:
-        """``_table`` for a key without symbols, of a ``POLICY`` or ``STOCK`` route (no state needed)."""
-        if route.kind == POLICY:
-            try:
-                return self._partition.table(sub, None)
-            except TypeError:
-                raise routes.unhashable_context(self._cache_policy, route.func, sub[0]) from None  # type: ignore[index]
+    def _stock_table(self, route: Route) -> dict[Any, Any]:
+        """``_table`` for a ``STOCK`` route's key without symbols (no state needed)."""
         if route.private or self._isolated:
             return self._partition.table(STOCK_SUB, None)
         return _StockMode.cache
