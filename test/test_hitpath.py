@@ -63,6 +63,36 @@ def portable_state(t: Any) -> tuple[object, ...]:
     return (type(t), attrs, str(torch._C._dispatch_keys(t)), data_ptr, hasattr(t, "_debug_trace"))
 
 
+@contextlib.contextmanager
+def during_first_fake_tensor_init(action: Callable[[], None]) -> Iterator[None]:
+    """Runs ``action()`` once, when ``FakeTensor.__init__`` is first entered in the scope.
+
+    That is the Python code a native hit runs between a tuple's outputs: the
+    window another thread could act in.
+    """
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is FakeTensor.__init__.__code__:
+            sys.setprofile(None)
+            action()
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def tuple_hit_mode() -> tuple[tcp.FakeTensorMode, torch.Tensor]:
+    """A mode whose next ``aten.max.dim(x, 1)`` (a 2-tuple of fresh outputs) is a native hit."""
+    mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+    x = mode.from_tensor(torch.randn(4, 6))
+    with mode:
+        for _ in range(2):  # a miss (its verification memoizes the plan), then a hit
+            aten.max.dim(x, 1)
+    return mode, x
+
+
 def settle_canaries() -> None:
     """Runs hits until the canaries of keybuilder and synth have compared theirs with torch's (as early hits of a process do)."""
     mode = tcp.FakeTensorMode()
@@ -307,17 +337,13 @@ class TestHitPath(ZooTestCase):
     @unittest.skipIf(not HAS_NATIVE, NO_NATIVE)
     def test_cache_clear_while_a_tuple_hit_is_built(self) -> None:
         """A cache_clear() landing between a tuple hit's outputs (another thread's) leaves the hit as the Python path's."""
-        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-        x = mode.from_tensor(torch.randn(4, 6))
+        mode, x = tuple_hit_mode()
         fired: list[int] = []
-
-        def clear_in_first_init(frame: Any, event: str, arg: Any) -> None:
-            # FakeTensor.__init__ is the Python code a native hit runs between a tuple's outputs.
-            if event == "call" and frame.f_code is FakeTensor.__init__.__code__ and not fired:
-                fired.append(1)
-                tcp.FakeTensorMode.cache_clear()
-
         served: list[bool] = []
+
+        def clear() -> None:
+            fired.append(1)
+            tcp.FakeTensorMode.cache_clear()
 
         class Counting:
             def hit(self, *args: Any) -> Any:
@@ -327,13 +353,8 @@ class TestHitPath(ZooTestCase):
 
         with mode:
             reference = aten.max.dim(x, 1)
-            aten.max.dim(x, 1)  # the plan is memoized: the next hit is native
-            with mock.patch.object(mode_module, "_NATIVE_HITS", Counting()):
-                sys.setprofile(clear_in_first_init)
-                try:
-                    out = aten.max.dim(x, 1)
-                finally:
-                    sys.setprofile(None)
+            with mock.patch.object(mode_module, "_NATIVE_HITS", Counting()), during_first_fake_tensor_init(clear):
+                out = aten.max.dim(x, 1)
         self.assertEqual((fired, served), ([1], [True]))
         self.assertEqual(first_difference(describe(out, (x,), {}), describe(reference, (x,), {})), None)
         self.assertTrue(all(t.fake_mode is mode and t.device == x.device for t in out))
@@ -364,24 +385,13 @@ class TestHitPath(ZooTestCase):
                         errors.append(str(e))
             return mode.cache_info(), mode.cache_key_stats().built, errors
 
+        def interrupt() -> None:
+            raise RuntimeError("interrupted")
+
         def raise_in_fake_tensor_init() -> tuple[object, ...]:
-            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-            x = mode.from_tensor(torch.randn(4, 6))
-            with mode:
-                for _ in range(3):
-                    aten.max.dim(x, 1)
-
-                def interrupt(frame: Any, event: str, arg: Any) -> None:
-                    if event == "call" and frame.f_code is FakeTensor.__init__.__code__:
-                        sys.setprofile(None)
-                        raise RuntimeError("interrupted")
-
-                sys.setprofile(interrupt)
-                try:
-                    with self.assertRaisesRegex(RuntimeError, "interrupted"):
-                        aten.max.dim(x, 1)
-                finally:
-                    sys.setprofile(None)
+            mode, x = tuple_hit_mode()
+            with mode, self.assertRaisesRegex(RuntimeError, "interrupted"), during_first_fake_tensor_init(interrupt):
+                aten.max.dim(x, 1)
             return mode.cache_info(), mode.cache_key_stats().built
 
         self.assertSameWithoutNative(unhashable_context)
@@ -394,26 +404,19 @@ class TestHitPath(ZooTestCase):
         """A data-pointer setting or FakeTensorConfig.debug changed between a tuple hit's outputs applies to the later ones."""
 
         def run() -> list[object]:
-            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-            x = mode.from_tensor(torch.randn(4, 6))
-            with mode:
-                for _ in range(3):
-                    aten.max.dim(x, 1)
+            mode, x = tuple_hit_mode()
 
-                def flip(frame: Any, event: str, arg: Any) -> None:
-                    if event == "call" and frame.f_code is FakeTensor.__init__.__code__:
-                        sys.setprofile(None)  # once, while output 0 is made
-                        if flag == "data_ptr":
-                            mode._allow_unsafe_data_ptr_access = not mode._allow_unsafe_data_ptr_access
-                        else:
-                            FakeTensorConfig.debug = True
+            def flip() -> None:  # while output 0 is made
+                if flag == "data_ptr":
+                    mode._allow_unsafe_data_ptr_access = not mode._allow_unsafe_data_ptr_access
+                else:
+                    FakeTensorConfig.debug = True
 
-                sys.setprofile(flip)
-                try:
+            try:
+                with mode, during_first_fake_tensor_init(flip):
                     out = aten.max.dim(x, 1)
-                finally:
-                    sys.setprofile(None)
-                    FakeTensorConfig.debug = False
+            finally:
+                FakeTensorConfig.debug = False
             return [portable_state(t) for t in out]
 
         self.assertSameWithoutNative(run)
