@@ -5,12 +5,13 @@ built against that torch's headers)::
 
     pip install --no-build-isolation -e ".[test]"
 
-``USE_CPP=0`` skips the C++ build; the package then answers dispatcher
-questions through its pure-Python fallback. A plain ``pip install .`` or
+``USE_CPP=0`` skips the C++ build; the package then uses torch's own key and
+output synthesis (the same answers, slower) and a Python kernel watch. A plain ``pip install .`` or
 ``pip wheel .`` also works: pip then builds in an isolated environment with
 the torch that ``pyproject.toml``'s ``[build-system]`` names, downloaded again.
 """
 
+import glob
 import os
 import runpy
 
@@ -31,14 +32,7 @@ if USE_CPP:
     ext_modules.append(
         CppExtension(
             "torch_cachepolicy._C",
-            [
-                "csrc/module.cpp",
-                "csrc/keyset.cpp",
-                "csrc/keybuilder.cpp",
-                "csrc/keyparts.cpp",
-                "csrc/synth.cpp",
-                "csrc/hitpath.cpp",
-            ],
+            sorted(glob.glob("csrc/*.cpp")),
             extra_compile_args={"cxx": ["-O2"]},
         )
     )

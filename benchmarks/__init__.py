@@ -8,11 +8,9 @@ with ``torch_cachepolicy`` installed:
   mode, with hit costs and memory retention (``make bench``, ``make bench-full``);
 * ``python -m benchmarks.executorch``: ExecuTorch 1.5.1's lowerings
   (Ethos-U55, Cortex-M, XNNPACK) under the same configurations (needs
-  ``requirements-executorch.txt``);
-* ``python -m benchmarks.keyset_classify``: the C++ helper's batched
-  dispatcher-keyset classification against the Python fallback.
+  ``requirements-executorch.txt``).
 
-:mod:`benchmarks.global_patch` is the baseline the first two compare against:
+:mod:`benchmarks.global_patch` is the baseline both compare against:
 the only code in the repository that writes torch's global state, which is
 why it lives here and not in the library. :mod:`benchmarks.timing` is the
 one timer every suite measures with.

@@ -30,7 +30,7 @@ reasons per op. Exclusive times of all dispatches add up to the outermost
 dispatches' inclusive time, so nothing is counted twice. A dispatch's outcome
 is what its own cache lookup did: the counters it moved minus those its nested
 dispatches moved (stock modes: torch's class counters; policy modes: the
-mode's per-operator counters, read from its private ``_stats``, the ones its
+mode's per-operator counters, read from its private ``_cache.stats``, the ones its
 ``cache_report()`` sums; a kernel dispatching its own op on the same policy
 mode would be counted once for both).
 
@@ -228,8 +228,8 @@ def _policy_counts(mode: object, func: object) -> tuple[int, int, dict[str, int]
     :func:`benchmarks.executorch.census.split_lowering` reports as a mismatch
     against ``cache_info()``.
     """
-    stats = getattr(mode, "_stats", None)
-    entry = stats.get(func) if stats is not None else None
+    state = getattr(mode, "_cache", None)  # the mode's torch_cachepolicy._state.CacheState
+    entry = state.stats.get(func) if state is not None else None
     if entry is None:
         return 0, 0, _NO_BYPASSES
     return entry.hits, entry.misses, dict(entry.bypasses)

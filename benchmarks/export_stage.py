@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch._subclasses import fake_tensor as _ft
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import torch_cachepolicy as tcp
 from benchmarks.executorch import ETHOS_U_TARGET, TinyConvNet, executorch_version, program_mode
@@ -45,7 +47,7 @@ from benchmarks.executorch.environment import check_runnable
 from benchmarks.timing import timed
 from torch_cachepolicy.recipes.executorch import executorch_policy
 
-__all__ = ["CONFIGS", "STAGES", "adopt_cost", "main", "pt2e_flow", "render_markdown", "run"]
+__all__ = ["CONFIGS", "STAGES", "adopt_cost", "fake_values", "main", "pt2e_flow", "render_markdown", "run"]
 
 CONFIGS: tuple[str, ...] = ("stock", "policy")
 """The configurations, in the order each round runs them."""
@@ -122,6 +124,28 @@ def pt2e_flow(config: str, *, policy: tcp.CachePolicy | None = None, seed: int =
     return result
 
 
+def _is_fake(leaf: object) -> bool:
+    """A FakeTensor, or a tensor subclass wrapping FakeTensors."""
+    if isinstance(leaf, _ft.FakeTensor):
+        return True
+    return is_traceable_wrapper_subclass(leaf) and _ft.maybe_get_fake_mode(leaf) is not None
+
+
+def fake_values(program: ExportedProgram) -> list[torch.Tensor]:
+    """The fake values ``adopt`` converts, one per occurrence: the fake pytree leaves of every meta entry
+    of the program's graph modules (HOP subgraphs included) and of their nodes.
+    """
+    fakes: list[torch.Tensor] = []
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        metas = [module.meta, *(node.meta for node in module.graph.nodes)]
+        for meta in metas:
+            for value in meta.values():
+                fakes.extend(leaf for leaf in pytree.tree_leaves(value) if _is_fake(leaf))
+    return fakes
+
+
 def adopt_cost(program: ExportedProgram, policy: tcp.CachePolicy) -> dict[str, float]:
     """Times ``adopt`` on ``program``, and torch's converter on the same fake values.
 
@@ -132,10 +156,7 @@ def adopt_cost(program: ExportedProgram, policy: tcp.CachePolicy) -> dict[str, f
         ``{"values", "adopt_wall", "adopt_cpu", "floor_wall", "floor_cpu"}``
         (seconds; ``values``: fake values converted).
     """
-    from torch_cachepolicy.adopt import _scan  # the values adopt converts
-
-    sites, _ = _scan(program.graph_module)
-    fakes = [fake for _, values in sites for fake in values]
+    fakes = fake_values(program)
     old = program_mode(program)
     scratch = _ft.FakeTensorMode(shape_env=old.shape_env, allow_non_fake_inputs=True, export=True)
     with _ft.unset_fake_temporarily(), timed() as floor:

@@ -8,8 +8,9 @@ and round, the trees taking turns, the CPU time per call of a policy hit of
 each op of the benchmark's hit-cost tables (:mod:`benchmarks.replay.hitcost`,
 under the Python dispatcher for backend ops as ExportPass runs them) and of
 the floor (building the same output as torch builds a hit's output) in the
-same process. It prints, per op, the median over rounds of each tree's
-hit/floor and the ratio of each tree's median to the first tree's. The
+same process, and for aten ops of a stock FakeTensorMode's hit. It prints,
+per op, the median over rounds of each tree's hit/floor (and hit/stock hit
+for aten ops) and the ratio of each tree's median to the first tree's. The
 measuring code is this checkout's; only the package comes from each tree.
 """
 
@@ -32,6 +33,7 @@ _CHILD = r"""
 import json, statistics, sys
 batches, calls, misses = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
 import torch_cachepolicy as tcp
 from benchmarks.replay import dialect, hitcost
 from benchmarks.timing import timed
@@ -63,16 +65,30 @@ for case, backend in cases:
         else:
             sample = case.op(*args)
     floor = hitcost._floor(mode, sample, calls)
-    hit_s, floor_s = [], []
+    # For aten ops, stock's own hit too (a stock mode caches them): hit/stock.
+    stock = None
+    if not backend:
+        stock_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        stock_args = case.make_args(stock_mode)
+        def stock():
+            with stock_mode:
+                for _ in range(calls):
+                    case.op(*stock_args)
+        stock()
+    hit_s, floor_s, stock_s = [], [], []
     for b in range(batches):
         before = mode.cache_report()[case.op].hits
-        for which in ((0, 1) if b % 2 == 0 else (1, 0)):
+        for which in ((0, 1, 2) if b % 2 == 0 else (2, 1, 0)):
             if which == 0:
                 hit_s.append(cpu_per_call(hits))
-            else:
+            elif which == 1:
                 floor_s.append(cpu_per_call(floor))
+            elif stock is not None:
+                stock_s.append(cpu_per_call(stock))
         assert mode.cache_report()[case.op].hits - before == calls, case.label
     row = {"hit_us": statistics.median(hit_s) * 1e6, "floor_us": statistics.median(floor_s) * 1e6}
+    if stock_s:
+        row["stock_hit_us"] = statistics.median(stock_s) * 1e6
     if misses:
         # A miss on its own: each call in a mode (with an isolated store) that has not seen it, against the
         # same call in a mode with its cache off; modes and inputs are made before the clock starts.
@@ -120,6 +136,21 @@ def _measure(tree: Path, batches: int, calls: int, misses: int) -> dict[str, dic
     return result
 
 
+def _print_stock_ratios(trees: list[Path], samples: dict[str, list[dict[str, dict[str, float]]]], ops: list[str]) -> None:
+    """For aten ops: the median over rounds of each tree's policy hit / stock hit (same process)."""
+    aten = [op for op in ops if "stock_hit_us" in samples[str(trees[0])][0][op]]
+    if not aten:
+        return
+    print("| aten op | " + " | ".join(f"{t.name} hit/stock hit" for t in trees) + " |")
+    print("|" + " --- |" * (1 + len(trees)))
+    for op in aten:
+        cells = [
+            f"{statistics.median(s[op]['hit_us'] / s[op]['stock_hit_us'] for s in samples[str(t)]):.3f}" for t in trees
+        ]
+        print(f"| {op} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.hitcost_trees", description=__doc__.split("\n\n")[0])
     p.add_argument("trees", nargs="+", type=Path, help="source trees; the first is the reference")
@@ -138,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[round {r + 1}/{args.rounds}]", file=sys.stderr, flush=True)
     ops = list(samples[str(trees[0])][0])
     ref = str(trees[0])
+    _print_stock_ratios(trees, samples, ops)
     header = "| op | " + " | ".join(f"{t.name} hit us (hit/floor)" for t in trees)
     header += "".join(f" | {t.name}/{trees[0].name}" for t in trees[1:]) + " |"
     print(header)

@@ -2,10 +2,9 @@
 
 Every measured span in :mod:`benchmarks` (the replay series and hit costs of
 :mod:`benchmarks.replay`, the lowerings and census phases of
-:mod:`benchmarks.executorch`, the stages of :mod:`benchmarks.export_stage`,
-the classifications of :mod:`benchmarks.keyset_classify`) is timed by
-:func:`timed`, so that they agree on what a figure includes and on how the
-cyclic GC is kept out of it.
+:mod:`benchmarks.executorch`, the stages of :mod:`benchmarks.export_stage`)
+is timed by :func:`timed`, so that they agree on what a figure includes and
+on how the cyclic GC is kept out of it.
 """
 
 from __future__ import annotations

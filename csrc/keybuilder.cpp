@@ -1,52 +1,39 @@
 // torch_cachepolicy._C.KeyBuilder: torch's FakeTensor dispatch cache key,
-// built without a Python call per tensor property.
+// built without a Python call per tensor property (torch_cachepolicy._key).
 //
 // Note [What the key builder reproduces]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // FakeTensorMode._cache_key flattens the arguments with _prep_args_for_hash:
-// a container becomes (type, "length_<n>", items...), a dict its keys then
-// its values, a FakeTensor the fields of extract_tensor_metadata() in
-// declaration order (dtype, shape, stride, device, layout, memory format,
-// storage offset, storage bytes, requires_grad, is_quantized, is_conj,
-// is_neg, is_inference, is_sparse, is_coalesced, dense_dim, sparse_dim),
-// any other value (type(value), value). Each of those reads is a Python
-// call on a Tensor subclass, and each int of a shape goes through a chain of
-// about ten isinstance tests: most of a cache hit's cost.
-//
-// build() produces the very same tuple (the same objects where torch puts an
-// object: dtype, device, layout, memory format, types, the argument values;
-// equal ints and strings elsewhere), reading the TensorImpl directly, for
-// the common case only: exact FakeTensors of this mode, strided, static
-// sizes, not quantized, no constant; containers that are list, tuple, dict
-// (or list/tuple subclasses that iterate like their base); and scalars of the
-// exact types in `plain_types`. Anything else returns a short string, the
-// reason, and the caller falls back to torch's _cache_key, which raises the
-// bypass torch would raise or builds the key torch would build. The caller
-// supplies the key's prefix (op, default dtype, ...), which it computes the
-// way _cache_key does. test/test_keybuilder.py holds the two to equality.
-//
-// The memory format is torch._prims_common.suggest_memory_format's (not
-// c10's suggest_memory_format, which differs for some degenerate strides),
-// kept only if the tensor is contiguous in it, as extract_tensor_metadata
-// does.
+// a container becomes (type, "length_<n>", items...), a dict its keys then its
+// values, a FakeTensor the fields of extract_tensor_metadata() in declaration
+// order, any other value (type(value), value); each read is a Python call, and
+// each int of a shape goes through about ten isinstance tests. build() makes
+// the very same tuple (the same objects where torch puts an object: dtype,
+// device, layout, memory format, types, the argument values; equal ints and
+// strings elsewhere) from the TensorImpl, for the common case only: exact
+// FakeTensors of this mode, strided, not quantized, no constant; list, tuple
+// and dict containers (or list/tuple subclasses iterating like their base);
+// scalars of the exact types in `plain_types`. Anything else returns a short
+// string, the reason, and the caller falls back to torch's _cache_key. The
+// caller supplies the key's prefix (op, default dtype, ...). The memory format
+// is torch._prims_common.suggest_memory_format's (not c10's, which differs for
+// some degenerate strides), kept only if the tensor is contiguous in it.
+// test_opinfo_crosscheck.py and test_keybuilder.py hold the two equal.
 //
 // Note [Symbolic keys]
 // ~~~~~~~~~~~~~~~~~~~~
-// Given the call's _CacheKeyState, build() also handles symbolic values:
-// SymInt arguments and the symbolic sizes, strides, offset and storage size
-// of a FakeTensor. Each becomes what _CacheKeyState.convert_sym_int makes of
-// it: _PySymInputStub(symint) the first time its SymNode is seen,
-// _InputBackref(index of that stub in the key) afterwards. torch mutates the
-// state as it goes (the node's index, its free symbols, the ShapeEnv); build()
-// collects the same facts and writes them into the state only once the whole
-// key is built, so a fall back leaves the state fresh for torch's
-// _cache_key. extract_tensor_metadata drops the memory format of a tensor
-// with symbolic sizes, but only after computing it: for 4 and 5 dimensions
-// torch's suggest_memory_format compares symbolic strides, which may add
-// guards, so build() calls that very function there and discards the result
-// as torch 2.13 does (torch 2.14 no longer computes it: the caller passes
-// None; keybuilder.py reads which from extract_tensor_metadata's code).
-// Without a state symbolic values fall back.
+// Given the call's _CacheKeyState, build() also handles SymInt arguments and
+// a FakeTensor's symbolic sizes, strides, offset and storage size, as
+// _CacheKeyState.convert_sym_int does: _PySymInputStub(symint) the first time
+// a SymNode is seen, _InputBackref(index of that stub) afterwards. torch
+// mutates the state as it goes; build() collects the same facts and writes
+// them only once the whole key is built, so a fall back leaves the state fresh
+// for torch. extract_tensor_metadata drops a symbolic tensor's memory format,
+// and torch 2.13 computes it first (for 4 and 5 dimensions
+// suggest_memory_format may guard), so build() calls that function there and
+// discards the result (2.14 computes nothing: the caller passes None;
+// _compat.SYMBOLIC_MEMORY_FORMAT_GUARDS reads which). Without a state symbolic
+// values fall back.
 
 #include "module.h"
 
@@ -158,33 +145,27 @@ class SymNodes {
   std::vector<PyObject*> symbols_;
 };
 
+// One of the objects the caller names (a dict: named fields, not positions).
+py::object ref(const py::dict& refs, const char* name) {
+  TORCH_CHECK(refs.contains(name), "torch_cachepolicy._C.KeyBuilder: refs has no '", name, "'");
+  return refs[name];
+}
+
 class KeyBuilder {
  public:
-  KeyBuilder(
-      py::object fake_type,
-      py::object size_type,
-      py::object plain_types,
-      py::object sym_types,
-      py::object strided,
-      py::object contiguous_format,
-      py::object channels_last,
-      py::object channels_last_3d,
-      py::object symint_type,
-      py::object stub_type,
-      py::object backref_type,
-      py::object suggest_memory_format)
-      : fake_type_(std::move(fake_type)),
-        size_type_(std::move(size_type)),
-        plain_types_(std::move(plain_types)),
-        sym_types_(std::move(sym_types)),
-        strided_(std::move(strided)),
-        contiguous_format_(std::move(contiguous_format)),
-        channels_last_(std::move(channels_last)),
-        channels_last_3d_(std::move(channels_last_3d)),
-        symint_type_(std::move(symint_type)),
-        stub_type_(std::move(stub_type)),
-        backref_type_(std::move(backref_type)),
-        suggest_memory_format_(std::move(suggest_memory_format)),
+  explicit KeyBuilder(const py::dict& refs)
+      : fake_type_(ref(refs, "fake_type")),
+        size_type_(ref(refs, "size_type")),
+        plain_types_(ref(refs, "plain_types")),
+        sym_types_(ref(refs, "sym_types")),
+        strided_(ref(refs, "strided")),
+        contiguous_format_(ref(refs, "contiguous_format")),
+        channels_last_(ref(refs, "channels_last")),
+        channels_last_3d_(ref(refs, "channels_last_3d")),
+        symint_type_(ref(refs, "symint_type")),
+        stub_type_(ref(refs, "stub_type")),
+        backref_type_(ref(refs, "backref_type")),
+        suggest_memory_format_(ref(refs, "suggest_memory_format")),
         fake_mode_name_(py::str("fake_mode")),
         constant_name_(py::str("constant")),
         fake_device_name_(py::str("_fake_device")),
@@ -656,47 +637,16 @@ class KeyBuilder {
 
 } // namespace
 
-py::object build_static_key(
-    py::handle builder,
-    py::handle mode,
-    py::tuple prefix,
-    py::handle args,
-    py::handle kwargs) {
-  return py::cast<KeyBuilder&>(builder).build(mode, std::move(prefix), args, kwargs, py::none());
-}
-
 void init_keybuilder(py::module& m) {
   py::class_<KeyBuilder>(
       m,
       "KeyBuilder",
       "Builds FakeTensorMode._cache_key's key for the common case; see\n"
-      "torch_cachepolicy.keybuilder.")
-      .def(
-          py::init<
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object,
-              py::object>(),
-          py::arg("fake_type"),
-          py::arg("size_type"),
-          py::arg("plain_types"),
-          py::arg("sym_types"),
-          py::arg("strided"),
-          py::arg("contiguous_format"),
-          py::arg("channels_last"),
-          py::arg("channels_last_3d"),
-          py::arg("symint_type"),
-          py::arg("stub_type"),
-          py::arg("backref_type"),
-          py::arg("suggest_memory_format"))
+      "torch_cachepolicy._key. refs names the types and objects it compares\n"
+      "with (fake_type, size_type, plain_types, sym_types, strided,\n"
+      "contiguous_format, channels_last, channels_last_3d, symint_type,\n"
+      "stub_type, backref_type, suggest_memory_format).")
+      .def(py::init<const py::dict&>(), py::arg("refs"))
       .def(
           "build",
           &KeyBuilder::build,

@@ -1,9 +1,9 @@
-// torch_cachepolicy._C.plain_args: whether keyparts.extend_key has nothing
+// torch_cachepolicy._C.plain_args: whether _key_extension.extend_key has nothing
 // to add to torch's key for these arguments.
 //
 // Note [The common case of the key extension]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// keyparts._extend_key adds to torch's key what a backend fake kernel can
+// _key_extension.extend_key's full pass adds to torch's key what a backend fake kernel can
 // see and torch's key cannot: the sign of a zero float, NaN (a bypass), the
 // storage-sharing and identity pattern of tensor arguments, view bases,
 // non-leaf tensors and .grad. On almost every hit there is nothing to add,
@@ -95,12 +95,12 @@ bool plain(PyObject* obj, std::vector<const void*>& storages, int depth) {
   return true;
 }
 
-} // namespace
-
 bool plain_args(const py::handle& args, const py::handle& kwargs) {
   std::vector<const void*> storages;
   return plain(args.ptr(), storages, 0) && plain(kwargs.ptr(), storages, 0);
 }
+
+} // namespace
 
 void init_keyparts(py::module& m) {
   m.def(
@@ -108,7 +108,7 @@ void init_keyparts(py::module& m) {
       &plain_args,
       py::arg("args"),
       py::arg("kwargs"),
-      "True if torch_cachepolicy.keyparts has nothing to add to torch's key\n"
+      "True if torch_cachepolicy._key_extension has nothing to add to torch's key\n"
       "for these arguments; see Note [The common case of the key extension].");
 }
 

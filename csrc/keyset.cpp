@@ -1,28 +1,7 @@
-// torch_cachepolicy._C.kernel_masks and KernelWatch (torch_cachepolicy.keyset):
-// dispatcher questions a cache policy asks, answered without a Python round
-// trip per (operator, key).
-//
-// kernel_masks: batched "which dispatch keys have a kernel registered directly
-// for this operator". A cache policy classifies every operator it may meet by
-// the dispatch keys that carry a direct kernel registration (Meta, CPU,
-// CompositeImplicitAutograd, ...). From Python that is one
-// torch._C._dispatch_has_kernel_for_dispatch_key call per (operator, key)
-// pair, each re-parsing the name and repeating the dispatcher lookup: for the
-// few thousand operators of a stock build and a dozen keys, tens of thousands
-// of round trips. kernel_masks answers a whole batch in one call, with one
-// lookup per operator.
-//
-// Semantics are those of torch_cachepolicy/keyset.py's pure-Python fallback,
-// which the tests hold this file to: the operator must be registered with a
-// schema (findSchema, as torch._C._dispatch_find_schema_or_throw), then bit i
-// is OperatorHandle::hasKernelForDispatchKey(keys[i]), the very call that
-// _dispatch_has_kernel_for_dispatch_key makes. That binding looks the operator
-// up with findOp, which also finds impl-only entries (an impl() whose def()
-// has not run); both paths here reject those, since nothing can call them.
-//
-// KernelWatch: "which kernels would fake dispatch run for this operator right
-// now", as an int that a cache can key entries on, cheap enough to ask on
-// every cache hit. See Note [Kernel fingerprints].
+// torch_cachepolicy._C.KernelWatch (torch_cachepolicy._keyset.kernel_watch):
+// "which kernels would fake dispatch run for this operator right now", as an
+// int that a cache can key entries on, cheap enough to ask on every cache
+// hit. See Note [Kernel fingerprints].
 
 #include "module.h"
 
@@ -45,59 +24,12 @@
 #include <utility>
 #include <vector>
 
-// Note [Reaching the OperatorEntry]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A kernel fingerprint needs the identity of the kernel registered for a key.
-// impl::OperatorEntry has it publicly (kernelForDispatchKey returns a
-// reference to the KernelFunction inside the entry's list of registrations),
-// but OperatorHandle, the only thing the Dispatcher hands out, keeps its
-// OperatorEntry in the private operatorDef_ and forwards everything except
-// that accessor. Nothing public fills the gap in torch 2.13 or 2.14:
-// OpRegistrationListener fires on def() only, never on impl(); there is no
-// per-operator registration counter; getComputedKernelForDispatchKey
-// registers a new KernelToken on the kernel on every call (the list is never
-// pruned, so per-hit use leaks); dumpState() is a string costing ~10 us and
-// names a Library's creation line, not the kernel.
-//
-// OperatorHandle and Dispatcher befriend every specialization of
-// TypedOperatorHandle (`template <class> friend class TypedOperatorHandle;`).
-// The specialization below, on a tag type of ours that torch never uses, is
-// ordinary C++ (no access-check loophole, no offsets): it reads operatorDef_
-// by name, so a rename or a dropped friendship in torch fails the build here
-// instead of reading the wrong memory. It is the one non-public thing this
-// file relies on. The fix to ask upstream for is public: forward
-// OperatorEntry::kernelForDispatchKey from OperatorHandle (as 2.14 started
-// doing for lookup()), or a per-OperatorEntry kernel generation counter
-// bumped by registerKernel/deregisterKernel_, which would also make the
-// tokens below unnecessary.
-#ifdef C10_DISPATCHER_ONE_KERNEL_PER_DISPATCH_KEY
-// Mobile builds overwrite one kernel slot per key in place, so a kernel's
-// address says nothing about its identity (Note [Kernel fingerprints]).
-#error "torch_cachepolicy._C needs the dispatcher's list of kernels per key"
-#endif
-
-namespace torch_cachepolicy {
-struct OperatorEntryAccess;
-} // namespace torch_cachepolicy
-
-namespace c10 {
-template <>
-class TypedOperatorHandle<torch_cachepolicy::OperatorEntryAccess> final {
- public:
-  static const impl::OperatorEntry& entry(const OperatorHandle& op) {
-    return op.operatorDef_->op;
-  }
-};
-} // namespace c10
+#include "operator_entry_access.h"
 
 namespace torch_cachepolicy {
 namespace {
 
-// Bit 63 stays clear so that every mask is a non-negative int64 on both sides.
-constexpr size_t kMaxKeys = 63;
-
-// Splits "ns::name.overload" at the first '.', exactly as keyset._split does,
-// so that both paths look up the same (name, overload) pair.
+// Splits "ns::name.overload" at the first '.', as _keyset.kernel_keys does.
 c10::OperatorName split_name(const std::string& qualified) {
   const auto dot = qualified.find('.');
   if (dot == std::string::npos) {
@@ -110,19 +42,12 @@ c10::OperatorName split_name(const std::string& qualified) {
 std::vector<c10::DispatchKey> to_dispatch_keys(
     const std::vector<int64_t>& keys,
     const char* api) {
-  TORCH_CHECK(
-      keys.size() <= kMaxKeys,
-      api,
-      ": at most ",
-      kMaxKeys,
-      " dispatch keys fit in a mask, got ",
-      keys.size());
   std::vector<c10::DispatchKey> out;
   out.reserve(keys.size());
   for (const int64_t key : keys) {
     // Casting an int outside the enum's range would be undefined behaviour;
     // every value in [0, EndOfAliasKeys] is a declared DispatchKey. Undefined
-    // (0) is allowed because the torch binding accepts it too (never a kernel).
+    // (0) is allowed because torch's bindings accept it too (never a kernel).
     TORCH_CHECK(
         key >= 0 &&
             key <= static_cast<int64_t>(c10::DispatchKey::EndOfAliasKeys),
@@ -137,94 +62,29 @@ std::vector<c10::DispatchKey> to_dispatch_keys(
   return out;
 }
 
-// The GIL stays held on purpose: a lookup costs well under a microsecond, so
-// there is nothing to overlap, and holding it keeps Python code from
-// destroying a torch.library.Library mid-batch, which would deregister an
-// operator whose OperatorHandle is still in use here.
-std::vector<int64_t> kernel_masks(
-    const std::vector<std::string>& names,
-    const std::vector<int64_t>& keys) {
-  const std::vector<c10::DispatchKey> dispatch_keys =
-      to_dispatch_keys(keys, "torch_cachepolicy._C.kernel_masks");
-  auto& dispatcher = c10::Dispatcher::singleton();
-
-  std::vector<int64_t> masks;
-  masks.reserve(names.size());
-  for (const std::string& name : names) {
-    const c10::OperatorName op_name = split_name(name);
-    const auto op = dispatcher.findSchema(op_name);
-    if (!op.has_value()) {
-      // Say which half is wrong; "unknown operator" alone sends people
-      // looking for a missing import when the overload was misspelled.
-      const bool impl_only = dispatcher.findOp(op_name).has_value();
-      TORCH_CHECK(
-          false,
-          "operator '",
-          name,
-          "' ",
-          impl_only ? "has kernels but no schema (impl() without def())"
-                    : "is not registered (no schema for name '" +
-                  op_name.name + "', overload '" + op_name.overload_name +
-                  "')");
-    }
-    uint64_t mask = 0;
-    for (size_t bit = 0; bit < dispatch_keys.size(); ++bit) {
-      if (op->hasKernelForDispatchKey(dispatch_keys[bit])) {
-        mask |= uint64_t{1} << bit;
-      }
-    }
-    masks.push_back(static_cast<int64_t>(mask));
-  }
-  return masks;
-}
-
 // Note [Kernel fingerprints]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // KernelWatch::fingerprint() names the kernels registered directly for an
-// operator under the watched keys (keyset.FAKE_KERNEL_KEYS: Meta and the
-// Composite* alias keys, whatever fake dispatch can land on). Two calls give
-// the same value iff every watched key has the very same registered kernel in
-// both, or none in both: an override, a new Library's impl(), a destroyed
-// Library, a reloaded .so all change it; a registration for another key
-// (CPU, Autograd) does not.
+// operator under the watched keys (_keyset.FAKE_KERNEL_KEYS: Meta and the
+// Composite* keys fake dispatch can land on). Two calls agree iff every
+// watched key has the very same registered kernel in both, or none: an
+// override, a new Library's impl(), a destroyed Library, a reloaded .so change
+// it; a registration for another key does not. Backend fallbacks belong to a
+// key, not the operator, and are left out (torch's Meta fallback only raises).
 //
-// Backend fallbacks (Library.fallback, TORCH_LIBRARY_IMPL(_, ...)) are left
-// out on purpose: they belong to a key, not to the operator, so a fingerprint
-// of per-operator registrations cannot see them. torch's only one among these
-// keys is Meta's, which raises NotImplementedError ("no meta kernel"), so no
-// entry is ever computed by it; replacing it is a process-wide act a cache
-// need not follow.
+// A kernel's identity is the address of the KernelFunction that
+// OperatorEntry::kernelForDispatchKey returns: each registration is a new node
+// of the entry's std::list, so live kernels keep distinct addresses, but a dead
+// kernel's address can come back for a later registration (ABA). Hence a
+// KernelToken per kernel ever seen (KernelFunction::registerToken; the
+// kernel's destructor invalidates it) and a serial per (address, live token),
+// never reused. A token is registered once per kernel per process; a call is
+// one findSchema (no handle is cached: its OperatorDef dies with the op's last
+// registration), two hash lookups per key and an atomic load per kernel.
 //
-// Identity of a kernel: the address of the KernelFunction that
-// OperatorEntry::kernelForDispatchKey returns. Every registration is a new
-// node of the entry's std::list, so a live kernel keeps its address and two
-// live kernels never share one. A dead kernel's address can be reused by a
-// later registration (destroy a Library, register again: the allocator hands
-// back the same node), so an address alone would miss that change (ABA).
-// Hence a KernelToken per kernel ever seen (KernelFunction::registerToken,
-// public; ~KernelFunction invalidates it) and a serial number per (address,
-// live token): a known address whose token is invalid is a new kernel and
-// gets a new serial. Serials are never reused, so a fingerprint names kernels,
-// not addresses.
-//
-// Cost: a token is registered once per kernel per process (one weak_ptr in the
-// kernel's token list), never per call. A hit is one findSchema by the cached
-// OperatorName (no handle is cached: the OperatorDef it points to is freed
-// when the operator's last def()/impl() goes away), two hash lookups per key
-// and one atomic load per live kernel; the tables below are only touched when
-// something changed.
-//
-// Fingerprint values are process-wide: the tuple of serials (one per key,
-// 0 = none) is interned in one table, so two watches of the same operator (two
-// modes sharing a store) agree, and a value is never reused for another set
-// of kernels. kNoKernel: the operator has no kernel under any watched key.
-// kMissing: no schema (unknown, impl()-only, or deregistered).
-//
-// Threads: the GIL stays held by every binding here. The registry has its
-// own mutex anyway, since it is process-wide; a KernelWatch is not safe for
-// concurrent use without the GIL. A registration racing from a C++ thread
-// that does not hold the GIL can race with the reads below, exactly as it
-// can with torch's own _dispatch_has_kernel_for_dispatch_key.
+// Values are process-wide (the tuple of serials is interned), so two watches
+// of an operator agree. kNoKernel: no kernel under any watched key; kMissing:
+// no schema. The GIL is held by every binding; the registry has its own mutex.
 constexpr int64_t kMissing = -1;
 constexpr int64_t kNoKernel = 0;
 
@@ -400,21 +260,11 @@ class KernelWatch {
 } // namespace
 
 void init_keyset(pybind11::module& m) {
-  m.def(
-      "kernel_masks",
-      &kernel_masks,
-      pybind11::arg("names"),
-      pybind11::arg("keys"),
-      "For each 'ns::name.overload' in names, a mask whose bit i is set iff\n"
-      "keys[i] (an int(torch._C.DispatchKey)) has a kernel registered\n"
-      "directly for that operator. Raises RuntimeError for an unknown\n"
-      "operator or overload, more than 63 keys, or a key out of range.");
-
   pybind11::class_<KernelWatch>(
       m,
       "KernelWatch",
       "Watches the kernels registered for one operator under the given\n"
-      "dispatch keys. See torch_cachepolicy.keyset.kernel_watch.")
+      "dispatch keys. See torch_cachepolicy._keyset.kernel_watch.")
       .def(
           pybind11::init<std::string, const std::vector<int64_t>&>(),
           pybind11::arg("name"),

@@ -1,27 +1,18 @@
-// torch_cachepolicy._C.meta_empty_strided and meta_view_of: the meta tensor
-// behind a cache hit's output, built without dispatch.
+// torch_cachepolicy._C's meta tensors of cache hits (torch_cachepolicy._synth).
 //
 // Note [Building a hit's meta tensor without dispatch]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// torch's FakeTensorMode._get_output_tensor_from_cache_entry builds the
-// output of a hit as torch.empty_strided(shape, stride, dtype=...,
-// device="meta", requires_grad=...) inside in_kernel_invocation_manager (so
-// the call cannot reach a mode or subclass) and then FakeTensor(mode, meta,
-// device). The Python context manager and the dispatch through the
-// dispatcher cost more than the tensor. For an entry whose output metadata
-// is static ints (no SymInt stub), strided, neither conj nor neg, and not a
-// view or in-place alias, meta_empty_strided builds the same meta tensor with
-// at::detail::empty_strided_meta, which is what the dispatcher's Meta kernel
-// for empty_strided calls: the same sizes, strides, dtype, a fresh meta
-// storage of the same byte size, storage offset 0, and the same dispatch
-// keys. For a view op's output torch then calls set_(input storage, offset,
-// shape, stride) on that tensor; meta_view_of builds the result directly on
-// the input's StorageImpl. No dispatch happens, so no mode is consulted. The
-// FakeTensor is still made by torch's own constructor, in Python. Every
-// entry is checked against this function's output on the miss that creates
-// it (torch_cachepolicy.safety.verify_entry calls the mode's
-// _output_from_cache_entry, which uses it), and test_synth.py compares it
-// with torch's synthesis.
+// torch builds a hit's output as torch.empty_strided(shape, stride, ...,
+// device="meta") inside in_kernel_invocation_manager, then FakeTensor(mode,
+// meta, device); the context manager and the dispatch cost more than the
+// tensor. For a static, strided, non-conj/neg output, meta_empty_strided calls
+// what the Meta kernel of empty_strided calls (at::detail::empty_strided_meta):
+// the same sizes, strides, dtype, a fresh storage of the same size, the same
+// dispatch keys. For a view op's output torch then calls set_(input storage,
+// offset, shape, stride); meta_view_of builds that directly on the input's
+// StorageImpl. No dispatch happens, so no mode is consulted. Every entry is
+// checked against these functions' output on the miss that creates it
+// (_verify.verify_entry), and test_synth.py compares them with torch's synthesis.
 
 #include "module.h"
 
@@ -89,10 +80,6 @@ Layout as_layout(
   return out;
 }
 
-} // namespace
-
-// Out of the anonymous namespace: hitpath.cpp calls these two (module.h).
-
 py::object meta_empty_strided(
     const py::handle& shape,
     const py::handle& stride,
@@ -133,30 +120,20 @@ py::object meta_view_of(
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
 }
 
-namespace {
-
 // Note [Symbolic hits from a template]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A hit of a symbolic entry costs torch a symbolic empty_strided: the storage
-// size and, later, the contiguity flags are computed with SymInt arithmetic,
-// each operation a sympy expression built in Python. For equal keys the
-// output's expressions are equal (a key holds its inputs' expressions, and an
-// entry's output sizes are those inputs' SymInts or fixed expressions), so
-// the storage size one synthesis computed serves the rest: meta_template
-// keeps torch's first synthesis of the entry, and meta_fresh_like makes each
-// hit's tensor on a fresh meta storage of the template's size. The sizes,
-// strides and offset are not the template's: they are this call's SymInts,
-// taken from this call's key as torch's synthesis takes them
-// (_SymIntOutputStub.extract), so the output holds the very SymNodes of this
-// call's inputs (a tracer maps proxies by SymNode) and whatever the ShapeEnv
-// has learned since (a symbol replaced by a constant is an int again). A
-// view op's output (meta_view_like) takes this call's SymInts too, on the
-// storage of this call's view argument, as torch's set_ does. No SymInt
-// arithmetic runs on a hit. The derived fields (numel, contiguity) are left
-// to be computed when asked, as on torch's synthesis: computing one may add
-// a guard, and an early guard would be one an uncached run never adds. The
-// template's storage size belongs to the template's ShapeEnv: synth.py uses
-// the template only for calls whose SymInts belong to that ShapeEnv.
+// size (and later the contiguity flags) in SymInt arithmetic, each operation a
+// sympy expression built in Python. For equal keys the output's expressions
+// are equal, so the storage size of torch's first synthesis of the entry
+// (meta_template) serves the rest: meta_fresh_like puts this call's SymInts,
+// taken from this call's key as torch takes them (_SymIntOutputStub.extract),
+// on a fresh storage of the template's size, so the output holds this call's
+// SymNodes (a tracer maps proxies by SymNode); meta_view_like puts them on the
+// view argument's storage, as torch's set_ does. Derived fields (numel,
+// contiguity) stay uncomputed, as on torch's output: computing one may guard.
+// The template's storage size belongs to its ShapeEnv: _synth.py uses it only
+// for calls whose SymInts belong to that ShapeEnv.
 
 at::Tensor checked_meta(const py::handle& obj, const std::string& api) {
   if (!THPVariable_Check(obj.ptr())) {

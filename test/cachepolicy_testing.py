@@ -11,6 +11,7 @@ import collections
 import gc
 import itertools
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines quantized_decomposed ops)
+import torch.utils._pytree as pytree
 from torch._ops import OpOverload
+from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 
 import torch_cachepolicy as tcp
 
@@ -256,3 +259,213 @@ def run_json_script(test: unittest.TestCase, script: str, env: dict[str, str], *
     )
     test.assertEqual(proc.returncode, 0, proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ key parity
+# Used by test_keybuilder and test_opinfo_crosscheck (the op_db sweep records key parity beside its crosscheck).
+
+import collections.abc as _abc  # noqa: E402
+
+from torch._subclasses._fake_tensor_utils import _CacheKeyState  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode as _StockMode  # noqa: E402
+from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey  # noqa: E402
+
+from torch_cachepolicy import _key  # noqa: E402
+from torch_cachepolicy.report import KeyStats  # noqa: E402
+
+HAS_KEY_BUILDER = _key._builder is not None
+NO_KEY_BUILDER_REASON = (
+    "torch_cachepolicy._C is not loaded (USE_CPP=0 or TORCH_CACHEPOLICY_FORCE_PYTHON=1): no C++ key builder"
+)
+
+
+def key_difference(built: tuple[object, ...], expected: tuple[object, ...]) -> str | None:
+    """Where two key tuples differ (length, a value, or a value's type), or None if they and their hashes are equal."""
+    if len(built) != len(expected):
+        return f"length {len(built)} != {len(expected)}"
+    for i, (b, e) in enumerate(zip(built, expected, strict=True)):
+        # `is` first, as tuple equality does: a NaN argument is the same object in both.
+        if b is not e and (type(b) is not type(e) or b != e):
+            return f"[{i}]: {b!r} ({type(b).__name__}) != {e!r} ({type(e).__name__})"
+    if hash(_DispatchCacheKey(built)) != hash(_DispatchCacheKey(expected)):
+        return "hash"
+    return None
+
+
+def key_state_difference(built: _CacheKeyState | None, expected: _CacheKeyState) -> str | None:
+    """How the state a key builder left differs from the one torch's ``_cache_key`` left, or None.
+
+    ``built`` is None for a builder that was given no state: then torch's must have recorded no symbol either.
+    """
+    if built is None:
+        return None if not expected.sym_node_lookup else "a builder without a state handled symbols"
+    for name in ("sym_node_lookup", "known_symbols"):
+        if getattr(built, name) != getattr(expected, name):
+            return f"state.{name}: {getattr(built, name)} != {getattr(expected, name)}"
+    if built.shape_env is not expected.shape_env:
+        return "state.shape_env"
+    return None
+
+
+class KeyParity:
+    """Keys of ``torch_cachepolicy._key.cache_key`` compared with torch's ``FakeTensorMode._cache_key``.
+
+    Attributes:
+        built: keys the C++ builder built (each compared with torch's).
+        fallbacks: ``{reason: count}`` of the keys ``cache_key`` left to torch (a bypass included).
+        differences: one line per key that differed (tuple, an element's type, hash or state), or that one side
+            refused and the other built.
+    """
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.differences: list[str] = []
+
+    @property
+    def keys(self) -> int:
+        return self.built + sum(self.fallbacks.values())
+
+    def add(self, other: KeyParity) -> None:
+        """Adds the counts and differences of ``other``."""
+        self.built += other.built
+        self.fallbacks.update(other.fallbacks)
+        self.differences += other.differences
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "keys": self.keys,
+            "built": self.built,
+            "built_share": round(self.built / self.keys, 4) if self.keys else None,
+            "fallbacks": dict(self.fallbacks.most_common()),
+            "differences": len(self.differences),
+        }
+
+    def check(
+        self,
+        mode: Any,
+        state: _CacheKeyState,
+        func: Any,
+        args: _abc.Sequence[object],
+        kwargs: _abc.Mapping[str, object],
+        torch_cache_key: Callable[..., _DispatchCacheKey],
+    ) -> _DispatchCacheKey:
+        """torch's key of the call, on ``state``, after comparing it with ``cache_key``'s on a fresh state of its own.
+
+        ``torch_cache_key`` is torch's own ``_cache_key`` bound to ``mode`` (``cache_key`` falls back to
+        ``mode._cache_key``, which must be torch's while it runs). Ours comes first: its guards, if any, must come
+        first to be seen (Note [Symbolic keys] in csrc/keybuilder.cpp).
+
+        Raises:
+            _BypassDispatchCache: as torch's ``_cache_key`` does.
+        """
+        stats = KeyStats()
+        ours_state = _CacheKeyState(mode.shape_env)
+        ours: _DispatchCacheKey | None = None
+        try:
+            ours = _key.cache_key(mode, ours_state, func, args, kwargs, stats)
+        except _BypassDispatchCache:
+            pass
+        self.built += stats.built
+        self.fallbacks.update(stats.fallbacks)
+        try:
+            expected = torch_cache_key(state, func, args, kwargs)
+        except _BypassDispatchCache as e:
+            if ours is not None:
+                self.differences.append(f"{func}: cache_key built a key, torch bypassed ({e.reason})")
+            raise
+        if ours is None:
+            self.differences.append(f"{func}: cache_key bypassed, torch built a key")
+            return expected
+        diff = key_difference(ours.key, expected.key) or key_state_difference(ours_state, state)
+        if diff is None and hash(ours) != hash(expected):
+            diff = "hash of the _DispatchCacheKey"
+        if diff is not None:
+            how = "built" if stats.built else f"left to torch ({', '.join(stats.fallbacks)})"
+            self.differences.append(f"{func}: key {how} differs at {diff}")
+        return expected
+
+
+class KeyParityMode(_StockMode):
+    """A stock FakeTensorMode that records, in ``parity``, every cache key of ours against torch's."""
+
+    def __init__(self, parity: KeyParity, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.parity = parity
+        self._in_cache_key = False
+
+    def _cache_key(
+        self, state: _CacheKeyState, func: Any, args: _abc.Sequence[object], kwargs: _abc.Mapping[str, object]
+    ) -> _DispatchCacheKey:
+        if self._in_cache_key:
+            # cache_key falling back to torch's key.
+            return super()._cache_key(state, func, args, kwargs)
+        if state.known_symbols or state.sym_node_lookup:
+            # Not a dispatch's own fresh state (torch's key would hold the epoch): nothing to compare.
+            return super()._cache_key(state, func, args, kwargs)
+        self._in_cache_key = True
+        try:
+            return self.parity.check(self, state, func, args, kwargs, super()._cache_key)
+        finally:
+            self._in_cache_key = False
+
+
+# ------------------------------------------------ comparing outputs (the sweeps, the fuzz)
+
+
+def storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return None
+
+
+def alias_signature(output: object, inputs: list[object]) -> list[tuple[int, ...]]:
+    """For each tensor output, the positions of the input tensors sharing its storage."""
+    ins = [(i, storage_id(a)) for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+    signature = []
+    for out in pytree.tree_leaves(output):
+        if isinstance(out, torch.Tensor):
+            sid = storage_id(out)
+            signature.append(tuple(i for i, s in ins if s is not None and s == sid))
+    return signature
+
+
+def tensor_difference(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
+    """None if the tensors have the same metadata (torch's own comparison for strided ones)."""
+    if expected.layout != actual.layout:
+        return f"layout {actual.layout} != {expected.layout}"
+    if expected.layout == torch.strided:
+        try:
+            assert_metadata_eq(assert_eq, expected, actual)
+        except AssertionError as e:
+            return str(e)
+        return None
+
+    # assert_metadata_eq asks compressed sparse tensors for strides; compare what they have.
+    def sparse_meta(t: torch.Tensor) -> tuple[object, ...]:
+        return (t.dtype, t.shape, t.requires_grad, t.is_inference(), t.sparse_dim(), t.dense_dim())
+
+    if sparse_meta(expected) != sparse_meta(actual):
+        return f"sparse metadata {sparse_meta(actual)} != {sparse_meta(expected)}"
+    return None
+
+
+def output_difference(expected: object, actual: object) -> str | None:
+    """None if both outputs have the same structure, tensor metadata and values; else why not."""
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    act_leaves, act_spec = pytree.tree_flatten(actual)
+    if exp_spec != act_spec:
+        return f"structure {act_spec} != {exp_spec}"
+    for i, (e, a) in enumerate(zip(exp_leaves, act_leaves, strict=True)):
+        if isinstance(e, torch.Tensor):
+            why = tensor_difference(e, a) if isinstance(a, torch.Tensor) else f"got {type(a).__name__}"
+            if why:
+                return f"output {i}: {why}"
+        elif isinstance(e, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # Modes of one sample have separate ShapeEnvs: compare expressions.
+            if type(e) is not type(a) or str(e) != str(a):
+                return f"output {i}: symbolic {a} != {e}"
+        elif type(e) is not type(a) or not (e == a or (isinstance(e, float) and math.isnan(e) and math.isnan(a))):
+            return f"output {i}: value {a!r} != {e!r}"
+    return None

@@ -89,7 +89,9 @@ _results: dict[str, str] = {}
 _details: dict[str, str] = {}
 _patched: list[str] = []
 _instances: list[int] = [0]  # PeerFakeTensorMode instances made in this child (shows the rebinding is reached)
-_all_stats: list[dict[Any, Any]] = []  # every per-op statistics dict of those instances (read at the end)
+# Every per-op statistics dict of those instances (read at the end), with the counts it started from: a mode's
+# copy starts from a copy of the original's counters, which the totals must not count twice.
+_all_stats: list[tuple[dict[Any, Any], dict[Any, tuple[int, int, Counter[str]]]]] = []
 _live_modes: weakref.WeakSet[Any] = weakref.WeakSet()  # for --class-api aggregate
 
 
@@ -132,6 +134,35 @@ class _ClassLevelAggregate:
 
 def _make_peer_class() -> type:
     import torch_cachepolicy as tcp
+    from torch_cachepolicy._state import CacheState
+
+    class RecordedCacheState(CacheState):
+        """Read-only instrumentation: a mode's cache state (``mode._cache``) keeps its per-op counters in
+        ``stats``, a dict it replaces on cache_clear. Remembering each dict (not the mode, nor the state, which holds
+        the store) lets the harness total hits/misses/bypasses per namespace at the end without keeping any mode
+        alive. No slot of its own, so a CacheState can take this class."""
+
+        __slots__ = ()
+
+        @property  # type: ignore[override]
+        def stats(self) -> dict[Any, Any]:
+            return CacheState.stats.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+        @stats.setter
+        def stats(self, value: dict[Any, Any]) -> None:
+            CacheState.stats.__set__(self, value)  # type: ignore[attr-defined]
+            _all_stats.append((value, {}))  # a mode's first dict, or cache_clear's: empty
+
+        @staticmethod
+        def record(state: CacheState) -> None:
+            state.__class__ = RecordedCacheState
+            inherited = {op: (st.hits, st.misses, Counter(st.bypasses)) for op, st in state.stats.items()}
+            _all_stats.append((state.stats, inherited))
+
+        def _copy(self, policy: Any, store: Any, memo: dict[int, Any] | None) -> CacheState:
+            clone = super()._copy(policy, store, memo)  # a mode's copy.copy / copy.deepcopy
+            RecordedCacheState.record(clone)
+            return clone
 
     class PeerFakeTensorMode(tcp.FakeTensorMode):  # type: ignore[no-untyped-call]
         """``torch_cachepolicy.FakeTensorMode`` that admits every namespace unless told otherwise."""
@@ -140,20 +171,9 @@ def _make_peer_class() -> type:
             if cache_policy is None:
                 cache_policy = tcp.CachePolicy(predicate=admit_every_op)
             super().__init__(cache_policy=cache_policy, **kwargs)
+            RecordedCacheState.record(self._cache)
             _instances[0] += 1
             _live_modes.add(self)
-
-        # Read-only instrumentation: the mode keeps its per-op counters in ``_stats`` (a dict it replaces on
-        # cache_clear). Remembering each dict (not the mode) lets the harness total hits/misses/bypasses per
-        # namespace at the end without keeping any mode alive.
-        @property
-        def _stats(self) -> dict[Any, Any]:
-            return self.__dict__["_peer_suite_stats"]  # type: ignore[no-any-return]
-
-        @_stats.setter
-        def _stats(self, value: dict[Any, Any]) -> None:
-            self.__dict__["_peer_suite_stats"] = value
-            _all_stats.append(value)
 
     if os.environ.get(ENV_CLASS_API) == "aggregate":
         setattr(PeerFakeTensorMode, "cache_info", _ClassLevelAggregate("cache_info"))  # noqa: B010
@@ -165,14 +185,15 @@ def _make_peer_class() -> type:
 def _cache_totals() -> dict[str, dict[str, Any]]:
     """Hits, misses and bypass reasons of every PeerFakeTensorMode, by namespace group."""
     totals: dict[str, dict[str, Any]] = {}
-    for stats in _all_stats:
+    for stats, inherited in _all_stats:
         for op, st in list(stats.items()):
             ns = getattr(op, "namespace", None) or "(hop)"
             group = ns if ns in ("aten", "prim", "prims", "(hop)") else "other namespaces"
             t = totals.setdefault(group, {"hits": 0, "misses": 0, "bypasses": Counter()})
-            t["hits"] += st.hits
-            t["misses"] += st.misses
-            t["bypasses"].update(st.bypasses)
+            hits, misses, bypasses = inherited.get(op, (0, 0, Counter()))
+            t["hits"] += st.hits - hits
+            t["misses"] += st.misses - misses
+            t["bypasses"].update(Counter(st.bypasses) - bypasses)
     return {
         g: {"hits": t["hits"], "misses": t["misses"], "bypasses": dict(t["bypasses"].most_common())}
         for g, t in sorted(totals.items())

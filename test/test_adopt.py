@@ -33,7 +33,7 @@ from torch_cachepolicy.adopt import adopt
 
 qd = torch.ops.quantized_decomposed
 q_per_tensor = qd.quantize_per_tensor.default
-ADOPT = r"adopt\(\.\.\.\): "  # every error message starts by naming the call
+ADOPT = r"^torch_cachepolicy\.adopt\(\.\.\.\): "  # every error message starts by naming the call
 dq_per_tensor = qd.dequantize_per_tensor.default
 
 
@@ -335,7 +335,7 @@ class TestAdoptAgain(TestCase):
         adopt(ep, allow_non_fake_inputs=False)
         with self.assertRaisesRegex(ValueError, ADOPT + ".*another CacheStore"):
             adopt(ep, cache_store=tcp.CacheStore())
-        with self.assertRaisesRegex(ValueError, r"settings differ: allow_non_fake_inputs=True"):
+        with self.assertRaisesRegex(ValueError, ADOPT + r".*settings differ: allow_non_fake_inputs=True"):
             adopt(ep, allow_non_fake_inputs=True)
 
 
@@ -360,7 +360,7 @@ class TestAdoptErrors(TestCase):
         """A gm.meta['fake_mode'] that is not the values' mode counts as a second mode."""
         ep = export_mlp()
         ep.graph_module.meta["fake_mode"] = StockMode()
-        with self.assertRaisesRegex(ValueError, r"mixes 2 FakeTensorModes.*meta\['fake_mode'\]"):
+        with self.assertRaisesRegex(ValueError, ADOPT + r".*mixes 2 FakeTensorModes.*meta\['fake_mode'\]"):
             adopt(ep)
 
     def test_wrong_argument_types(self) -> None:
@@ -370,11 +370,11 @@ class TestAdoptErrors(TestCase):
         with self.assertRaisesRegex(TypeError, ADOPT + "expected a torch.export.ExportedProgram.*got str"):
             adopt("program")  # type: ignore[arg-type]
         ep = export_mlp()
-        with self.assertRaisesRegex(TypeError, r"adopt\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
+        with self.assertRaisesRegex(TypeError, r"^torch_cachepolicy\.adopt\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
             adopt(ep, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"adopt\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
+        with self.assertRaisesRegex(TypeError, r"^torch_cachepolicy\.adopt\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
             adopt(ep, cache_store={})  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"adopt\(cache_crosscheck=\.\.\.\): expected True, False or None"):
+        with self.assertRaisesRegex(TypeError, r"^torch_cachepolicy\.adopt\(cache_crosscheck=\.\.\.\): expected True, False or None"):
             adopt(ep, cache_crosscheck="on")
         with self.assertRaisesRegex(TypeError, ADOPT + "unexpected keyword argument 'bogus'; .* cache_crosscheck"):
             adopt(ep, bogus=1)
@@ -393,8 +393,8 @@ class TestAdoptErrors(TestCase):
                 return out.clone() if damage == "unshared" else out.new_empty(out.shape[1:])
 
         message = {
-            "unshared": "does not share storage",
-            "resized": r"differs from the original: .*shape \(16,\) \(original \(16, 16\)\)",
+            "unshared": ADOPT + ".*does not share storage",
+            "resized": ADOPT + r".*differs from the original: .*shape \(16,\) \(original \(16, 16\)\)",
         }[damage]
         with mock.patch.object(tcp.FakeTensorMode, "from_tensor", damaged):
             with self.assertRaisesRegex(RuntimeError, message):
@@ -404,7 +404,7 @@ class TestAdoptErrors(TestCase):
     def test_foreign_shape_env(self) -> None:
         """shape_env may only name the program's own ShapeEnv."""
         ep = export_mlp()
-        with self.assertRaisesRegex(ValueError, r"shape_env must be the program's own ShapeEnv"):
+        with self.assertRaisesRegex(ValueError, ADOPT + r".*shape_env must be the program's own ShapeEnv"):
             adopt(ep, shape_env=ShapeEnv())
 
 

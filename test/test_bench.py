@@ -344,6 +344,17 @@ class TestDispatchRecorder(TestCase):
         self.assertEqual(census.total(kind="stock", namespaces={"aten"}).non_builtin, 0)
         self.assertEqual(census.total(kind="policy").non_builtin, 0)
 
+    def test_classifies_policy_dispatches_by_outcome(self) -> None:
+        """With outcomes=True, a policy mode's backend dispatches are classified from its own counters: a miss, a hit."""
+        from benchmarks.dispatch_recorder import OUTCOMES, recording
+
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"]))
+        with recording(outcomes=True) as census:
+            self._dispatch_twice(mode)
+        backend = {"quantized_decomposed"}
+        counts = {o: census.exclusive(kind="policy", namespaces=backend, outcome=o).calls for o in OUTCOMES}
+        self.assertEqual(counts, {"hit": 1, "miss": 1, "bypass": 0, "uncached": 0})
+
     def test_restores_torch(self) -> None:
         """FakeTensorMode's __init__ and __torch_dispatch__ are torch's own again after the scope."""
         from benchmarks.dispatch_recorder import recording

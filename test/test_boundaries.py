@@ -1,13 +1,17 @@
-"""Module boundaries of the package: no module reads another module's private names.
+# Owner(s): ["module: fakeTensor"]
+"""The package's layout: module boundaries, the import graph, and its size.
 
 Each module of ``torch_cachepolicy`` offers what others need through public
-names (a function, a property, a class without a leading underscore); the
-hit path caches such a read once where it needs a plain attribute. This test
-reads every module's source and reports any ``module._name``, ``from module
-import _name`` or ``obj._name`` where ``_name`` is private to another module
-of the package. Names torch defines (a FakeTensorMode method the mode
-overrides, ``Tensor._grad``) are torch's, not ours, and are checked by
-``test_compat.py`` instead.
+names (a function, a property, a class without a leading underscore); modules
+that are not the documented API are private (``_driver.py``). The boundary
+test reads every module's source and reports any ``module._name``, ``from
+module import _name``, ``obj._name`` or ``getattr(obj, "_name")`` where
+``_name`` is private to another module of the package. Names torch defines (a
+FakeTensorMode method the mode overrides, ``Tensor._grad``) are torch's, not
+ours, and are checked by ``test_compat.py`` instead. The layout tests hold the
+package to the budget the lean redesign set (issue 26): at most 7,000 lines of
+Python and C++, ``mode.py`` at most 350, no function over 60 code lines, the
+documented API as the only public modules, no import cycle.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch_cachepolicy
 
 PACKAGE = pathlib.Path(torch_cachepolicy.__file__).parent
 EXTENSION = "torch_cachepolicy._C"
-LOADER = "torch_cachepolicy.native"  # the one module that loads EXTENSION
+LOADER = "torch_cachepolicy._native"  # the one module that loads EXTENSION
+REPO = PACKAGE.parent
 
 # Classes of torch whose private attributes the package may use by name.
 _TORCH_CLASSES: tuple[type, ...] = (
@@ -109,6 +114,17 @@ def boundary_violations(sources: Mapping[str, str], torch_names: Iterable[str] =
                     if alias.name in trees:
                         modules_by_alias[alias.asname or alias.name] = alias.name
         for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "setattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and node.args[1].value in others
+                and node.args[1].value not in own
+            ):
+                found.append(f"{module}:{node.lineno}: reads {node.args[1].value} by name")
             if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
                 continue
             value = node.value
@@ -129,7 +145,7 @@ class TestBoundaries(TestCase):
         self.assertEqual(boundary_violations(package_sources(), torch_private_names()), [])
 
     def test_scan_finds_each_kind_of_read(self) -> None:
-        """The scan reports a private import, a module attribute, an object attribute of another module, and _C loaded elsewhere."""
+        """The scan reports a private import, a module attribute, an object attribute of another module (also by name), and _C loaded elsewhere."""
         sources = {
             "torch_cachepolicy.a": textwrap.dedent(
                 """
@@ -145,23 +161,135 @@ class TestBoundaries(TestCase):
                 from torch_cachepolicy import _C, a
                 from torch_cachepolicy.a import _TABLE, Store
                 def f(store: Store, t):
-                    return a._TABLE, store._partitions, t._grad, store.public
+                    return a._TABLE, store._partitions, t._grad, store.public, getattr(store, "_partitions")
                 """
             ),
         }
         self.assertExpectedInline(
             "\n".join(boundary_violations(sources, torch_names={"_grad"})),
             """\
-torch_cachepolicy.b:2: loads torch_cachepolicy._C itself; ask torch_cachepolicy.native
+torch_cachepolicy.b:2: loads torch_cachepolicy._C itself; ask torch_cachepolicy._native
 torch_cachepolicy.b:3: imports _TABLE from torch_cachepolicy.a
 torch_cachepolicy.b:5: reads a._TABLE
-torch_cachepolicy.b:5: reads store._partitions""",
+torch_cachepolicy.b:5: reads store._partitions
+torch_cachepolicy.b:5: reads _partitions by name""",
         )
 
     def test_torch_names_are_not_ours(self) -> None:
         """A method the mode overrides is torch's name: reading it elsewhere is not a boundary violation."""
         self.assertIn("_output_from_cache_entry", torch_private_names())
         self.assertNotIn("_partitions", torch_private_names())
+
+
+# The documented API (docs/api.md): the only modules without a leading underscore.
+PUBLIC_MODULES = frozenset(
+    {"__init__", "adopt", "export", "mode", "policy", "report", "store", "version", "recipes.__init__", "recipes.executorch"}
+)
+MAX_LINES = 7000
+MAX_MODE_LINES = 350
+MAX_CODE_LINES = 60
+
+
+def layout_files() -> list[pathlib.Path]:
+    """The package's Python files and the C++ sources of its extension."""
+    return sorted(PACKAGE.rglob("*.py")) + sorted(p for p in (REPO / "csrc").iterdir() if p.suffix in (".cpp", ".h"))
+
+
+def code_lines(node: ast.AST, lines: list[str]) -> int:
+    """The lines of a function that are neither blank, comments nor its docstring."""
+    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    doc = node.body[0] if ast.get_docstring(node, clean=False) is not None else None
+    skip = set() if doc is None else set(range(doc.lineno, doc.end_lineno + 1))  # type: ignore[operator]
+    return sum(
+        1
+        for i in range(node.lineno, node.end_lineno + 1)  # type: ignore[operator]
+        if i not in skip and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#")
+    )
+
+
+def runtime_imports(sources: Mapping[str, str]) -> dict[str, set[str]]:
+    """``{module: the package modules it imports}``, leaving out imports under ``if TYPE_CHECKING:``."""
+    graph: dict[str, set[str]] = {}
+    for module, source in sources.items():
+        tree = ast.parse(source)
+        typing_only = {
+            id(n)
+            for stmt in ast.walk(tree)
+            if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "TYPE_CHECKING"
+            for n in ast.walk(stmt)
+        }
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch_cachepolicy"):
+                # `from pkg import sub` imports sub (the package's __init__ runs
+                # first for every module, so it is no edge of its own).
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                deps.update(n if n in sources or node.module == "torch_cachepolicy" else node.module for n in names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in sources)
+        graph[module] = {d for d in deps if d in sources and d != module}
+    return graph
+
+
+def import_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (``[a, b, a]``), or None."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        for dep in sorted(graph[module]):
+            if dep in path:
+                return path[path.index(dep) :] + [dep]
+            if dep not in done:
+                cycle = visit(dep, [*path, dep])
+                if cycle:
+                    return cycle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        cycle = visit(module, [module])
+        if cycle:
+            return cycle
+    return None
+
+
+class TestLayout(TestCase):
+    def test_size(self) -> None:
+        """The package and its C++ stay within the lean redesign's budget, mode.py within its own."""
+        total = sum(len(p.read_text().splitlines()) for p in layout_files())
+        self.assertLessEqual(total, MAX_LINES, msg="package + csrc lines")
+        self.assertLessEqual(len((PACKAGE / "mode.py").read_text().splitlines()), MAX_MODE_LINES)
+
+    def test_no_long_functions(self) -> None:
+        """No function of the package has more than 60 code lines (its docstring excluded)."""
+        long = []
+        for path in sorted(PACKAGE.rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, lines) > MAX_CODE_LINES:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+        self.assertEqual(long, [])
+
+    def test_public_modules_are_the_api(self) -> None:
+        """Every module without a leading underscore is part of the documented API, and no more than ten."""
+        public = {
+            ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
+            for p in PACKAGE.rglob("*.py")
+            if not p.name.startswith("_") or p.name == "__init__.py"
+        }
+        self.assertEqual(public, PUBLIC_MODULES)
+        self.assertLessEqual(len(public), 10)
+
+    def test_no_import_cycle(self) -> None:
+        """The package's modules import each other without a cycle (imports for type checking aside)."""
+        self.assertIsNone(import_cycle(runtime_imports(package_sources())))
+
+    def test_cycle_finder_finds_a_cycle(self) -> None:
+        """import_cycle reports a two-module cycle and passes a chain."""
+        self.assertEqual(import_cycle({"a": {"b"}, "b": {"a"}}), ["a", "b", "a"])
+        self.assertIsNone(import_cycle({"a": {"b"}, "b": set()}))
 
 
 if __name__ == "__main__":

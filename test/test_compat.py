@@ -1,5 +1,5 @@
 # Owner(s): ["module: fakeTensor"]
-"""Tests for torch_cachepolicy._compat: the torch range and the internals check.
+"""Tests for torch_cachepolicy._compat: the torch range, the internals check and its coverage; _fakes.is_fake_tensor.
 
 Drift is simulated on stand-in module objects (copies of torch's classes with
 one thing changed, registered in ``sys.modules`` for the duration of a test)
@@ -34,7 +34,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _compat
+from torch_cachepolicy import _compat, _fakes, _kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "torch_cachepolicy"
@@ -187,7 +187,7 @@ class TestCompat(TestCase):
     def test_installed_torch_passes_silently(self) -> None:
         """The installed torch is in the range, its internals check out, and nothing warns."""
         self.assertEqual(self.check(str(torch.__version__)), [])
-        self.assertIn(_compat._torch_minor(str(torch.__version__)), [(2, 13), (2, 14)])
+        self.assertIn(_compat.torch_minor(str(torch.__version__)), [(2, 13), (2, 14)])
 
     def test_range_matches_setup(self) -> None:
         """setup.py requires exactly SUPPORTED_TORCH, and the tested versions lie inside it."""
@@ -290,24 +290,76 @@ class TestCompat(TestCase):
     def test_every_private_torch_name_is_checked(self) -> None:
         """Each private torch name the package's source refers to is listed in _compat._INTERNALS."""
         listed = {i.name for i in _compat._INTERNALS}
+        # Instance attributes an __init__ sets, listed in its refers_to
+        # ("FakeTensorMode._allow_unsafe_data_ptr_access").
+        attributes = {
+            f"{i.module}.{i.path.removesuffix('.__init__')}.{a}"
+            for i in _compat._INTERNALS
+            if i.path.endswith(".__init__")
+            for a in i.refers_to
+        }
 
         def covered(ref: str) -> bool:
-            return any(
+            return ref in attributes or any(
                 ref == name or name.startswith(ref + ".") or ref.startswith(name + ".")
                 for name in (*listed, *PUBLIC_IN_PRACTICE)
             )
 
-        refs = private_torch_references()
+        refs = set().union(*private_torch_references().values())
         self.assertGreater(len(refs), 20)  # the scan sees the package's references
         self.assertEqual(sorted(r for r in refs if not covered(r)), [])
+
+    def test_scan_reads_every_module(self) -> None:
+        """The scan reads every Python file of the package directory but _compat.py, and sees what each refers to."""
+        by_file = private_torch_references()
+        everything = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+        self.assertEqual(set(by_file), everything - {"_compat.py"})
+        # Modules without a FakeTensorMode class: their calls on the mode they are given count.
+        mode = f"{FT}.FakeTensorMode"
+        self.assertLessEqual({f"{mode}._make_cache_entry", f"{mode}._dispatch_impl"}, by_file["_driver.py"])
+        self.assertIn(f"{mode}._cache_key", by_file["_key.py"])
+        self.assertIn(f"{mode}._output_from_cache_entry", by_file["_synth.py"])
+        self.assertIn(f"{mode}._allow_unsafe_data_ptr_access", by_file["_synth.py"])
+        self.assertIn("torch._C._dispatch_find_schema_or_throw", by_file["_keyset.py"])
+        self.assertIn(f"{mode}._cached_dispatch_impl", by_file["mode.py"])
+        for name in ("_driver.py", "_synth.py", "_verify.py", "_kernels.py", "_routes.py", "_rules.py", "_fakes.py"):
+            self.assertNotEqual(by_file[name], set(), msg=name)
+
+    def test_compat_is_a_leaf(self) -> None:
+        """_compat imports nothing of the package (every other module may import it), not even lazily."""
+        tree = ast.parse((PACKAGE / "_compat.py").read_text())
+        imports = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imports += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                imports.append("." * node.level + (node.module or ""))
+            elif isinstance(node, ast.Call) and _chain_name(node.func) in ("importlib.import_module", "__import__"):
+                # A lazy import of a constant name: importlib.import_module("torch_cachepolicy...").
+                if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    imports.append(node.args[0].value)
+        self.assertIn("torch", imports)  # the walk sees _compat's imports
+        self.assertEqual([m for m in imports if m.startswith(".") or m.partition(".")[0] == "torch_cachepolicy"], [])
+
+    def test_kernel_sources_are_not_checked_here(self) -> None:
+        """check_torch_internals ignores kernel sources: an unlisted one neither warns nor changes trusted()."""
+        # _kernels.check_sources does both, at import.
+        others = tuple(s for s in _kernels.SOURCES if "fake_impl" not in s.names)
+        self.assertNotEqual(_kernels.unlisted_names(others), {})  # control: there is something to notice
+        self.assertTrue(_kernels.trusted())
+        with mock.patch.object(_kernels, "SOURCES", others), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _compat.check_torch_internals("2.14.1")
+        self.assertEqual([str(w.message) for w in caught], [])
+        self.assertTrue(_kernels.trusted())
 
     # -------------------------------------------------------- is_fake_tensor
 
     def test_is_fake_tensor_is_torchs_when_present(self) -> None:
         """torch 2.14's fake_tensor.is_fake_tensor is used as is; 2.13 gets the isinstance check."""
-        expected = getattr(ft, "is_fake_tensor", _compat._is_python_fake_tensor)
-        self.assertIs(_compat.is_fake_tensor, expected)
-        self.assertEqual(hasattr(ft, "is_fake_tensor"), _compat._torch_minor(str(torch.__version__)) == (2, 14))
+        expected = getattr(ft, "is_fake_tensor", _fakes._is_python_fake_tensor)
+        self.assertIs(_fakes.is_fake_tensor, expected)
+        self.assertEqual(hasattr(ft, "is_fake_tensor"), _compat.torch_minor(str(torch.__version__)) == (2, 14))
 
     def test_is_fake_tensor(self) -> None:
         """True for fake tensors of any mode, the policy mode's included; False for everything else."""
@@ -318,27 +370,33 @@ class TestCompat(TestCase):
             ours = torch.empty(2)
         fakes: list[object] = [fake, ours, stock.from_tensor(torch.empty(3))]
         for value in fakes:
-            self.assertTrue(_compat.is_fake_tensor(value))
+            self.assertTrue(_fakes.is_fake_tensor(value))
         others: list[object] = [torch.empty(2), torch.empty(2, device="meta"), torch.nn.Parameter(torch.empty(1)), 1]
         for value in [*others, None]:
-            self.assertFalse(_compat.is_fake_tensor(value), msg=repr(value))
+            self.assertFalse(_fakes.is_fake_tensor(value), msg=repr(value))
 
 
-def private_torch_references() -> set[str]:
-    """Dotted names of private torch objects the package's source refers to.
+def private_torch_references() -> dict[str, set[str]]:
+    """Dotted names of private torch objects the package's source refers to, by file (relative to the package).
 
-    Seen: ``from torch._x import y`` (and ``import torch._x``), attribute
-    chains on a name bound to a torch module (``torch._C.x``, ``_ft.y``), and,
-    in the FakeTensorMode subclass, the stock methods it calls on ``self`` or
-    overrides. Attributes of objects torch hands us (``state.known_symbols``)
-    are not visible to a scan; _INTERNALS covers them by fields and behaviour.
+    Every ``*.py`` under the package directory is read, ``_compat.py`` (the
+    list itself) excepted. Seen: ``from torch._x import y`` (and ``import
+    torch._x``), attribute chains on a name bound to a torch module
+    (``torch._C.x``, ``_ft.y``), in the FakeTensorMode subclass the stock
+    methods it calls on ``self`` or overrides, and anywhere the stock
+    FakeTensorMode attributes read on a parameter named ``mode`` (the modules
+    the mode hands itself to: ``mode._cache_key``). Attributes of other objects
+    torch hands us (``state.known_symbols``) are not visible to a scan;
+    _INTERNALS covers them by fields and behaviour.
     """
-    refs: set[str] = set()
-    # object's own methods (__getstate__, ...) are Python's, not torch's.
-    stock = set(dir(ft.FakeTensorMode)) - set(dir(object))
+    by_file: dict[str, set[str]] = {}
+    # object's own methods (__getstate__, ...) are Python's, not torch's; the
+    # instance attributes stock's __init__ sets are torch's too.
+    stock = (set(dir(ft.FakeTensorMode)) | set(ft.FakeTensorMode.__init__.__code__.co_names)) - set(dir(object))
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "_compat.py":
+        if path.name == "_compat.py" and path.parent == PACKAGE:
             continue
+        refs = by_file[path.relative_to(PACKAGE).as_posix()] = set()
         tree = ast.parse(path.read_text(), filename=str(path))
         # Imports for type checking and annotations (never evaluated, the
         # package uses `from __future__ import annotations`) do not run:
@@ -363,6 +421,13 @@ def private_torch_references() -> set[str]:
                 chain = _chain(node)
                 if chain and chain[0] in modules:
                     refs.add(".".join([modules[chain[0]], *chain[1:]]))
+                if (
+                    isinstance(node.value, ast.Name)
+                    and node.value.id == "mode"
+                    and _is_private_attr(node.attr)
+                    and node.attr in stock
+                ):
+                    refs.add(f"{FT}.FakeTensorMode.{node.attr}")
             if isinstance(node, ast.ClassDef) and node.name == "FakeTensorMode":
                 for item in ast.walk(node):
                     if isinstance(item, ast.FunctionDef) and item.name in stock and item.name != "__init__":
@@ -371,9 +436,8 @@ def private_torch_references() -> set[str]:
                         isinstance(item, ast.Attribute)
                         and isinstance(item.value, ast.Name)
                         and item.value.id in ("self", "super")
-                        and item.attr.startswith("_")
+                        and _is_private_attr(item.attr)
                         and item.attr in stock
-                        and not item.attr.startswith("__")
                     ):
                         refs.add(f"{FT}.FakeTensorMode.{item.attr}")
                     if (
@@ -383,7 +447,22 @@ def private_torch_references() -> set[str]:
                         and item.value.func.id == "super"
                     ):
                         refs.add(f"{FT}.FakeTensorMode.{item.attr}")
-    return {r for r in refs if _is_private(r)}
+        by_file[path.relative_to(PACKAGE).as_posix()] = {r for r in refs if _is_private(r)}
+    return by_file
+
+
+def _is_private_attr(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _chain_name(node: ast.expr) -> str | None:
+    """``a.b.c`` for the expression ``a.b.c``, or None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        chain = _chain(node)
+        return None if chain is None else ".".join(chain)
+    return None
 
 
 def _typing_only_roots(tree: ast.AST) -> Iterator[ast.AST]:

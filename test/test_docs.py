@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 import re
 import runpy
 import tempfile
 
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
+
+from torch_cachepolicy import _reasons
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -40,6 +43,20 @@ class TestDocs(TestCase):
         self.assertEqual([f for f in package if f"`{f}`" not in readme], [], msg="add these to README.md's Layout")
         relative = [f.removeprefix("torch_cachepolicy/") for f in package if "recipes" not in f]
         self.assertEqual([f for f in relative if f"`{f}`" not in design], [], msg="add these to docs/design.md's Pieces")
+
+    def test_guide_names_every_bypass_reason(self) -> None:
+        """docs/guide.md names every bypass reason the package records (torch_cachepolicy._reasons)."""
+        guide = (ROOT / "docs" / "guide.md").read_text()
+        missing = []
+        for name, value in vars(_reasons).items():
+            if name.startswith("_") or not (isinstance(value, str) or inspect.isfunction(value)):
+                continue
+            text = value if isinstance(value, str) else value(*["X"] * len(inspect.signature(value).parameters))
+            # A templated reason is named by its fixed part (before the placeholder).
+            fixed = text if isinstance(value, str) else text.split("X")[0].split("(")[0].strip()
+            if fixed and fixed not in guide:
+                missing.append(name)
+        self.assertEqual(missing, [])
 
     @parametrize("name, code", blocks(), name_fn=lambda name, code: re.sub(r"\W", "_", name))
     def test_block_runs(self, name: str, code: str) -> None:

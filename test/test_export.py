@@ -29,7 +29,7 @@ import torch_cachepolicy as tcp
 
 qd = torch.ops.quantized_decomposed
 q_per_tensor = qd.quantize_per_tensor.default
-API = r"torch_cachepolicy\.export\(\.\.\.\): "  # every error message starts by naming the call
+API = r"^torch_cachepolicy\.export\(\.\.\.\): "  # every error message starts by naming the call
 
 # A backend namespace of this test's own: its fake kernel counts its calls.
 EXPORT_OPS = testing.CountedOps("tcp_export_test")
@@ -402,9 +402,9 @@ class TestErrors(TestCase):
     def test_wrong_arguments(self) -> None:
         """Wrong types and unknown keywords raise TypeError naming the call."""
         relu, args = torch.nn.ReLU(), (torch.randn(2),)
-        with self.assertRaisesRegex(TypeError, r"torch_cachepolicy\.export\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
+        with self.assertRaisesRegex(TypeError, r"^torch_cachepolicy\.export\(cache_policy=\.\.\.\): expected a torch_cachepolicy.CachePolicy"):
             tcp.export(relu, args, cache_policy=["quantized_decomposed"])  # type: ignore[arg-type]
-        with self.assertRaisesRegex(TypeError, r"torch_cachepolicy\.export\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
+        with self.assertRaisesRegex(TypeError, r"^torch_cachepolicy\.export\(cache_store=\.\.\.\): expected a torch_cachepolicy.CacheStore"):
             tcp.export(relu, args, cache_store={})  # type: ignore[arg-type]
         with self.assertRaisesRegex(TypeError, API + "unexpected keyword argument 'dynamic'; .*dynamic_shapes"):
             tcp.export(relu, args, dynamic=True)

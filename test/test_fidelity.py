@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import pickle
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from unittest import mock
 import cachepolicy_testing as testing
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import FakeTensor, UnsupportedOperatorException
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -35,7 +38,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _compat, kernels, routes
+from torch_cachepolicy import _compat, _kernels, _reasons
 
 NS = "tcp_fidelity"
 FID = testing.CountedOps(NS)
@@ -384,8 +387,8 @@ class TestCopies(FidelityTestCase):
         self.assertWorkingMode(clone.fake_mode, mode)
 
     def test_deepcopy_graph_metadata(self) -> None:
-        """A GraphModule traced with make_fx under a policy mode deep-copies, and so does its node metadata
-        (which passes deep-copy), its values then sharing one copied mode."""
+        """A make_fx GraphModule of a policy mode deep-copies, and so does its node metadata, sharing one copied mode."""
+        # Passes deep-copy node.meta, whose "val"s are FakeTensors of the mode.
         mode = self.filled_mode(allow_non_fake_inputs=True)
         with mode:
             gm = make_fx(lambda a: plain(a).relu())(torch.empty(2, 3))
@@ -588,7 +591,7 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
 
         ours, mode = self.run_both(run)
         self.assertEqual(ours[1], (torch.int16, (6,), (1,), 0))
-        self.assertEqual(mode.cache_report()[plain].bypasses, {tcp.mode.PROFILED: 2})
+        self.assertEqual(mode.cache_report()[plain].bypasses, {_reasons.PROFILED: 2})
         self.assertEqual(mode.cache_report()[plain].hits, 1)
 
     def test_op_impl_registered_later(self) -> None:
@@ -700,12 +703,15 @@ class TestHigherOrderOps(FidelityTestCase):
                     return ["NotImplementedError", "There was no rule registered for HigherOrderOperator" in str(e)]
             return ["returned"]
 
-        self.run_both(run)
+        ours, _ = self.run_both(run)
+        self.assertEqual(ours, ["NotImplementedError", True])
 
 
 class _NoRuleHop(torch._ops.HigherOrderOperator):
     def __init__(self) -> None:
         super().__init__("tcp_fidelity_no_rule_hop")
+        # Without it the call raises at the autograd key, before any mode sees it.
+        self.fallthrough(torch._C.DispatchKey.AutogradCPU)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return super().__call__(x)
@@ -716,61 +722,91 @@ class TestKernelSources(TestCase):
 
     def test_every_source_is_listed(self) -> None:
         """Every name the consulted functions of this torch use is a listed source or plumbing."""
-        self.assertEqual(kernels.unlisted_names(), {})
-        self.assertTrue(kernels.trusted())
+        self.assertEqual(_kernels.unlisted_names(), {})
+        self.assertTrue(_kernels.trusted())
 
-    @parametrize("index", range(len(kernels.SOURCES)), name_fn=lambda i: kernels.SOURCES[i].names[0])
+    @parametrize("index", range(len(_kernels.SOURCES)), name_fn=lambda i: _kernels.SOURCES[i].names[0])
     def test_removing_a_source_is_noticed(self, index: int) -> None:
         """Without any one source, the check reports the names torch consults for it."""
-        source = kernels.SOURCES[index]
-        consulted = set().union(*kernels.consulted_names().values())
+        source = _kernels.SOURCES[index]
+        consulted = set().union(*_kernels.consulted_names().values())
         if not consulted & set(source.names):
             self.skipTest(f"torch {torch.__version__} does not consult {source.names}")
-        others = [s for s in kernels.SOURCES if s is not source]
-        unlisted = kernels.unlisted_names(others)
+        others = [s for s in _kernels.SOURCES if s is not source]
+        unlisted = _kernels.unlisted_names(others)
         self.assertEqual(
             sorted({n for found in unlisted.values() for n in found}), sorted(consulted & set(source.names))
         )
 
     def test_an_unlisted_source_turns_caching_off_for_backend_ops(self) -> None:
-        """On a torch consulting an unlisted name the import check warns and backend and HOP dispatches bypass."""
-        others = tuple(s for s in kernels.SOURCES if "fake_impl" not in s.names)
+        """On a torch consulting an unlisted name the source check warns and backend and HOP dispatches bypass."""
+        others = tuple(s for s in _kernels.SOURCES if "fake_impl" not in s.names)
         try:
-            with mock.patch.object(kernels, "SOURCES", others), warnings.catch_warnings(record=True) as caught:
+            with mock.patch.object(_kernels, "SOURCES", others), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                _compat.check_torch_internals()
+                _kernels.check_sources()
             self.assertTrue(any(issubclass(w.category, _compat.UnlistedKernelSourceWarning) for w in caught))
-            self.assertFalse(kernels.trusted())
+            self.assertFalse(_kernels.trusted())
             mode = tcp.FakeTensorMode(cache_policy=policy())
+            gm = torch.fx.symbolic_trace(lambda t: (t.sin(),))
             with mode:
                 x = torch.empty(2)
                 plain(x), plain(x), torch.relu(x), torch.relu(x)
+                invoke_subgraph(gm, "sub", x), invoke_subgraph(gm, "sub", x)
                 torch.cond(torch.tensor(True), lambda t: t.sin(), lambda t: t.cos(), (x,))
-            self.assertEqual(
-                mode.cache_report()[plain].bypasses,
-                {"torch consults kernel sources this package does not list (fake_impl, kernel)": 2},
-            )
+            reason = "torch consults kernel sources this package does not list (fake_impl, kernel)"
+            self.assertEqual(mode.cache_report()[plain].bypasses, {reason: 2})
+            self.assertEqual(mode.cache_report()["invoke_subgraph"].bypasses, {reason: 2})
             self.assertEqual(mode.cache_report()[torch.ops.aten.relu.default].bypasses, {})
         finally:
-            kernels.distrust({})
-        self.assertTrue(kernels.trusted())
+            _kernels.check_sources()
+        self.assertTrue(_kernels.trusted())
+
+    def test_explicit_sources_are_checked(self) -> None:
+        """check_sources(sources) holds the given list to torch's code, and the default list passes again after it."""
+        others = tuple(s for s in _kernels.SOURCES if "fake_impl" not in s.names)
+        try:
+            with self.assertWarnsRegex(_compat.UnlistedKernelSourceWarning, r"fake_impl, kernel"):
+                _kernels.check_sources(others)
+            self.assertFalse(_kernels.trusted())
+            self.assertEqual(_kernels.distrusted_reason(), _reasons.distrusted(["fake_impl", "kernel"]))
+        finally:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", _compat.UnlistedKernelSourceWarning)
+                _kernels.check_sources()
+        self.assertTrue(_kernels.trusted())
 
     def test_custom_ops_profile_read(self) -> None:
-        """routes.custom_ops_profile reads the config as torch._dynamo.config does, overrides included."""
+        """_kernels.custom_ops_profile reads the config as torch._dynamo.config does, overrides included."""
         marker = object()
-        self.assertIs(routes.custom_ops_profile(), torch._dynamo.config._custom_ops_profile)
+        self.assertIs(_kernels.custom_ops_profile(), torch._dynamo.config._custom_ops_profile)
         with torch._dynamo.config.patch(_custom_ops_profile=marker):
-            self.assertIs(routes.custom_ops_profile(), marker)
+            self.assertIs(_kernels.custom_ops_profile(), marker)
             self.assertIs(torch._dynamo.config._custom_ops_profile, marker)
-        self.assertIsNone(routes.custom_ops_profile())
+        self.assertIsNone(_kernels.custom_ops_profile())
+
+    def test_sources_name_code_that_exists(self) -> None:
+        """Every piece of the package a source's ``how`` names (``_rules.dispatch``, ``KernelDeps.table_key``) exists."""
+        pattern = re.compile(r"\b(_[a-z_]+\.[A-Za-z_][\w.]*\w|KernelDeps\.\w+|symbolic_table_key|profiled)\b")
+        missing = []
+        for source in _kernels.SOURCES:
+            for ref in pattern.findall(source.how):
+                head, *rest = ref.split(".")
+                obj: object = importlib.import_module(f"torch_cachepolicy.{head}") if head.startswith("_") else _kernels
+                for part in rest if head.startswith("_") else [head, *rest]:
+                    obj = getattr(obj, part, None)
+                if obj is None:
+                    missing.append(ref)
+        self.assertEqual(missing, [])
+        self.assertIn("KernelDeps.table_key", " ".join(s.how for s in _kernels.SOURCES))
 
     def test_guide_shows_the_list(self) -> None:
-        """docs/guide.md's table of the kernel in effect is the list in kernels.py."""
+        """docs/guide.md's table of the kernel in effect is the list in _kernels.py."""
         guide = (testing.REPO_ROOT / "docs" / "guide.md").read_text()
-        start, end = "<!-- kernels.render_table() -->\n", "\n<!-- end kernels.render_table() -->"
+        start, end = "<!-- _kernels.render_table() -->\n", "\n<!-- end _kernels.render_table() -->"
         shown = guide[guide.index(start) + len(start) : guide.index(end)]
-        self.assertEqual(shown, kernels.render_table(), msg="regenerate the table with kernels.render_table()")
-        self.assertEqual(len(kernels.SOURCES), shown.count("\n| ") - 1)
+        self.assertEqual(shown, _kernels.render_table(), msg="regenerate the table with _kernels.render_table()")
+        self.assertEqual(len(_kernels.SOURCES), shown.count("\n| ") - 1)
 
 
 instantiate_parametrized_tests(TestRulesForFakeTensorMode)

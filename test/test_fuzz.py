@@ -40,7 +40,6 @@ import cachepolicy_testing as testing
 import torch
 import zoo_ops as zoo
 from test_kernel_zoo import World, describe_call, dispatch_difference, logging_disabled
-from test_opinfo_crosscheck import alias_signature, output_difference
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import disable_fake_tensor_cache, extract_tensor_metadata
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
@@ -398,13 +397,13 @@ class Fuzzer:
                     raise AssertionError(f"dyn returned {value}, not a fresh unbacked symbol")
                 seen_symbols |= symbols
             return
-        why = output_difference(ref, out)
+        why = testing.output_difference(ref, out)
         if why:
             raise AssertionError(f"{name}: differs from an uncached dispatch: {why}")
         inputs = list(args)
-        if alias_signature(out, inputs) != alias_signature(ref, inputs):
+        if testing.alias_signature(out, inputs) != testing.alias_signature(ref, inputs):
             raise AssertionError(
-                f"{name}: aliases inputs {alias_signature(out, inputs)}, uncached {alias_signature(ref, inputs)}"
+                f"{name}: aliases inputs {testing.alias_signature(out, inputs)}, uncached {testing.alias_signature(ref, inputs)}"
             )
 
     def check_decisions(self) -> None:

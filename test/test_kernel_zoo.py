@@ -413,8 +413,7 @@ class TestKernelZoo(ZooTestCase):
             self.run_case(case, crosscheck=False, cache=False)
 
     def test_zoo_size(self) -> None:
-        """The zoo has at least 30 operators, every failure class is represented, and some are controls;
-        every case builds its arguments for every call index (the fuzz draws any)."""
+        """The zoo has 30+ operators, every failure class and some controls; each case builds every call's arguments."""
         for case in zoo.CASES:
             if case.reset is not None:
                 case.reset()

@@ -1,159 +1,50 @@
 # Owner(s): ["module: fakeTensor"]
-"""Parity of torch_cachepolicy.keybuilder with torch's ``FakeTensorMode._cache_key``.
+"""Parity of torch_cachepolicy._key with torch's ``FakeTensorMode._cache_key``.
 
-A :class:`ParityMode` is a stock ``FakeTensorMode`` whose ``_cache_key`` runs
-the key builders (the C++ ``_C.KeyBuilder`` when it is loaded, and always the
-Python ``build_python``) before torch's own and compares: every key a builder
-produces must equal torch's (same tuple, element types included, same hash),
-torch must not refuse (bypass) a call a builder handled, and the two builders
-must agree on what they handle and why they fall back. The calls come from
-op_db samples (the crosscheck sweep's inputs), the benchmark workloads
-(symbolic included) and the kernel zoo; each sweep reports its handled share.
-With ``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` only the Python builder is checked.
+The C++ builder (``torch_cachepolicy._key._builder``, a ``_C.KeyBuilder``)
+must build, for every call it handles, torch's key (same tuple, element types
+included, same hash) and leave the ``_CacheKeyState`` torch's key leaves;
+torch must not refuse (bypass) a call it handled. A
+``cachepolicy_testing.KeyParityMode`` (a stock mode comparing every key of
+``_key.cache_key`` with torch's) runs the benchmark workloads (symbolic
+included) and the kernel zoo; the op_db samples are compared in
+test_opinfo_crosscheck's sweep. Hand-made calls cover odd layouts and values
+and each fallback reason; ``TORCH_CACHEPOLICY_SELF_CHECK`` is tested with a
+stand-in builder that disagrees with torch. Without ``_C``
+(``TORCH_CACHEPOLICY_FORCE_PYTHON=1``) every key is torch's, and the tests of
+the builder skip.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import itertools
-import json
 import os
 import textwrap
+import unittest
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import cachepolicy_testing as testing
-import test_opinfo_crosscheck
 import torch
-import torch.utils._pytree as pytree
 import zoo_ops as zoo
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
-from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _DispatchCacheKey
+from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch.testing._internal.common_device_type import OpDTypes, instantiate_device_type_tests, ops
-from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import (
     TestCase,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
 )
-from torch.testing._internal.opinfo.core import OpInfo
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import keybuilder
+from torch_cachepolicy import _compat, _key
+from torch_cachepolicy.report import KeyStats
 
-HANDLED = "handled"
-
-
-@dataclass
-class Parity:
-    """What a :class:`ParityMode` saw: keys compared, fallbacks by reason, differences."""
-
-    handled: int = 0
-    fallbacks: collections.Counter[str] = field(default_factory=collections.Counter)
-    differences: list[str] = field(default_factory=list)
-
-    @property
-    def keys(self) -> int:
-        return self.handled + sum(self.fallbacks.values())
-
-    def add(self, other: Parity) -> None:
-        self.handled += other.handled
-        self.fallbacks.update(other.fallbacks)
-        self.differences += other.differences
-
-    def figures(self) -> dict[str, Any]:
-        return {
-            "keys": self.keys,
-            "handled": self.handled,
-            "handled_share": round(self.handled / self.keys, 4) if self.keys else None,
-            "fallbacks": dict(self.fallbacks.most_common()),
-            "differences": len(self.differences),
-        }
-
-
-def builders() -> list[tuple[str, Any]]:
-    """The builders this process can check: Python always, C++ when loaded."""
-    out: list[tuple[str, Any]] = [("python", keybuilder.build_python)]
-    if keybuilder._cpp is not None:
-        out.append(("cpp", keybuilder._cpp.build))
-    return out
-
-
-def first_difference(built: tuple[object, ...], expected: tuple[object, ...]) -> str | None:
-    """Where two key tuples differ (length, a value, or a value's type), or None."""
-    if len(built) != len(expected):
-        return f"length {len(built)} != {len(expected)}"
-    for i, (b, e) in enumerate(zip(built, expected, strict=True)):
-        # `is` first, as tuple equality does: a NaN argument is the same object in both.
-        if b is not e and (type(b) is not type(e) or b != e):
-            return f"[{i}]: {b!r} ({type(b).__name__}) != {e!r} ({type(e).__name__})"
-    if hash(_DispatchCacheKey(built)) != hash(_DispatchCacheKey(expected)):
-        return "hash"
-    return None
-
-
-def state_difference(built: _CacheKeyState | None, expected: _CacheKeyState) -> str | None:
-    """How the state a builder left differs from the one torch's _cache_key left, or None."""
-    if built is None:
-        return None if not expected.sym_node_lookup else "a builder without a state handled symbols"
-    for name in ("sym_node_lookup", "known_symbols"):
-        if getattr(built, name) != getattr(expected, name):
-            return f"state.{name}: {getattr(built, name)} != {getattr(expected, name)}"
-    if built.shape_env is not expected.shape_env:
-        return "state.shape_env"
-    return None
-
-
-class ParityMode(StockMode):
-    """A stock mode that checks every cache key against the key builders."""
-
-    def __init__(self, parity: Parity, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.parity = parity
-
-    def _cache_key(
-        self,
-        state: _CacheKeyState,
-        func: Any,
-        args: Sequence[object],
-        kwargs: Mapping[str, object],
-    ) -> _DispatchCacheKey:
-        fresh = not state.known_symbols and not state.sym_node_lookup
-        prefix = keybuilder.key_prefix(self, func)
-        # Each builder gets a fresh state of its own, compared with the one
-        # torch's key leaves. Before torch's key: a builder's guards, if any,
-        # must come first to be seen (Note [Symbolic keys]).
-        states = {name: _CacheKeyState(self.shape_env) if keybuilder.SYMBOLIC_KEYS else None for name, _ in builders()}
-        results = {name: build(self, prefix, args, kwargs, states[name]) for name, build in builders()} if fresh else {}
-        outcomes = {r if isinstance(r, str) else HANDLED for r in results.values()}
-        parity = self.parity
-        if len(outcomes) > 1:
-            parity.differences.append(f"{func}: the builders disagree: {results}")
-        try:
-            expected = super()._cache_key(state, func, args, kwargs)
-        except _BypassDispatchCache as e:
-            for name, r in results.items():
-                if not isinstance(r, str):
-                    parity.differences.append(f"{func}: {name} built a key, torch bypassed ({e.reason})")
-            parity.fallbacks[outcomes.pop() if len(outcomes) == 1 else "state with symbols"] += 1
-            raise
-        for name, r in results.items():
-            if not isinstance(r, str):
-                diff = first_difference(r, expected.key) or state_difference(states[name], state)
-                if diff is not None:
-                    parity.differences.append(f"{func}: {name} key differs at {diff}")
-        outcome = outcomes.pop() if len(outcomes) == 1 else "state with symbols"
-        if outcome == HANDLED:
-            parity.handled += 1
-        else:
-            parity.fallbacks[outcome] += 1
-        return expected
+needs_builder = unittest.skipIf(not testing.HAS_KEY_BUILDER, testing.NO_KEY_BUILDER_REASON)
 
 
 @contextlib.contextmanager
@@ -163,52 +54,23 @@ def quiet() -> Iterator[None]:
         yield
 
 
+def build(mode: Any, func: Any, args: Sequence[object], kwargs: Mapping[str, object], state: Any = None) -> Any:
+    """The C++ builder's answer for the call: the key tuple, or why it leaves the call to torch."""
+    assert _key._builder is not None
+    return _key._builder.build(mode, _key.key_prefix(mode, func), args, kwargs, state)
+
+
 # ------------------------------------------------------------------ sweeps
 
 
-def sweep_op(opinfo: OpInfo, device: str) -> Parity:
-    """The crosscheck sweep's samples of ``opinfo``, each called once in a ParityMode."""
-    parity = Parity()
-    with quiet():
-        for dtype in test_opinfo_crosscheck.dtypes_for(opinfo):
-            try:
-                samples = list(
-                    itertools.islice(
-                        opinfo.sample_inputs(device, dtype, requires_grad=False),
-                        test_opinfo_crosscheck.SAMPLES_PER_OP,
-                    )
-                )
-            except Exception:
-                continue
-            for sample in samples:
-                mode = ParityMode(parity)
-
-                def convert(x: object, mode: ParityMode = mode) -> object:
-                    return mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
-
-                try:
-                    inp, args, kwargs = pytree.tree_map(convert, (sample.input, sample.args, sample.kwargs))
-                    with mode:
-                        opinfo.op(inp, *args, **kwargs)
-                except Exception:
-                    # Fake dispatch of this sample raises (stock's problem, not the key's);
-                    # the keys computed before it were still compared.
-                    continue
-    return parity
-
-
-SWEEP = Parity()
-SWEEP_STARTED: set[str] = set()
-
-
-def sweep_workload(name: str) -> Parity:
-    """Two ExportPass-style replays of a benchmark workload in a ParityMode."""
+def sweep_workload(name: str) -> testing.KeyParity:
+    """Two ExportPass-style replays of a benchmark workload in a KeyParityMode."""
     from benchmarks.replay.exportpass import fake_inputs, replay
     from benchmarks.replay.workloads import build_workload
 
     workload = build_workload(name)
-    parity = Parity()
-    mode = ParityMode(
+    parity = testing.KeyParity()
+    mode = testing.KeyParityMode(
         parity,
         allow_non_fake_inputs=True,
         shape_env=ShapeEnv() if workload.dynamic_batch else None,
@@ -218,9 +80,9 @@ def sweep_workload(name: str) -> Parity:
     return parity
 
 
-def sweep_zoo() -> Parity:
-    """Every kernel-zoo case's call sequence in a ParityMode (stock caching, so zoo ops bypass)."""
-    parity = Parity()
+def sweep_zoo() -> testing.KeyParity:
+    """Every kernel-zoo case's call sequence in a KeyParityMode (stock caching, so zoo ops bypass)."""
+    parity = testing.KeyParity()
     for case in zoo.CASES:
         if case.limit:
             # A case at a torch limit (a bug in torch's dispatcher) leaves the
@@ -229,7 +91,7 @@ def sweep_zoo() -> Parity:
         if case.reset is not None:
             case.reset()
         try:
-            mode = ParityMode(parity, shape_env=ShapeEnv() if case.symbolic else None)
+            mode = testing.KeyParityMode(parity, shape_env=ShapeEnv() if case.symbolic else None)
             env = zoo.Env.make(mode, case.symbolic)
             call = None
             with mode, quiet():
@@ -247,65 +109,32 @@ def sweep_zoo() -> Parity:
     return parity
 
 
-def print_figures(name: str, parity: Parity) -> None:
-    print(f"\nkeybuilder parity [{keybuilder.backend()}] {name}: {json.dumps(parity.figures())}")
-
-
 # ------------------------------------------------------------------- tests
 
 
-class TestKeyBuilderOpInfo(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        SWEEP_STARTED.add(self._testMethodName)
-
-    @ops(op_db[test_opinfo_crosscheck.SHARD[0] :: test_opinfo_crosscheck.SHARD[1]], dtypes=OpDTypes.none)
-    def test_op_db_keys(self, device: str, op: OpInfo) -> None:
-        """Every key of the op's samples that a builder handles equals torch's."""
-        parity = sweep_op(op, device)
-        SWEEP.add(parity)
-        self.assertEqual(parity.differences, [])
-
-
-instantiate_device_type_tests(TestKeyBuilderOpInfo, globals(), only_for="cpu")
-
-
+@needs_builder
 class TestKeyBuilderSweeps(TestCase):
-    """The totals of the op_db sweep (run after it), the workloads and the zoo."""
+    """The keys of the benchmark workloads and the kernel zoo."""
 
-    def assertParity(self, name: str, parity: Parity, min_share: float) -> None:
-        print_figures(name, parity)
+    def assertParity(self, parity: testing.KeyParity, min_share: float) -> None:
         self.assertEqual(parity.differences[:20], [], msg=f"{len(parity.differences)} differences")
         self.assertGreater(parity.keys, 0)
-        self.assertGreaterEqual(parity.handled / parity.keys, min_share, msg=str(parity.figures()))
-
-    def test_op_db_figures(self) -> None:
-        """Over the whole op_db sweep: no difference, most keys handled."""
-        per_op = globals()["TestKeyBuilderOpInfoCPU"]
-        expected = {
-            n
-            for n in dir(per_op)
-            if n.startswith("test_op_db_keys_") and not getattr(getattr(per_op, n), "__unittest_skip__", False)
-        }
-        if expected - SWEEP_STARTED:
-            self.skipTest("not every per-op test ran in this process (-k selection?)")
-        self.assertParity("op_db", SWEEP, 0.9)
-        self.assertGreater(SWEEP.keys, 1000 // test_opinfo_crosscheck.SHARD[1])
+        self.assertGreaterEqual(parity.built / parity.keys, min_share, msg=str(parity.figures()))
 
     @parametrize("name", ["qdq", "dialect", "aten-only", "symbolic"])
     def test_workload_keys(self, name: str) -> None:
-        """Every key of two replays of the workload that a builder handles equals torch's."""
+        """Every key of two replays of the workload equals torch's, and all of them are built."""
         parity = sweep_workload(name)
-        if name == "symbolic" and not keybuilder.SYMBOLIC_KEYS:
+        if name == "symbolic" and not _compat.SYMBOLIC_KEYS:
             # A torch whose extract_tensor_metadata is not a known one: torch builds symbolic keys.
-            self.assertParity(name, parity, 0.0)
+            self.assertParity(parity, 0.0)
             self.assertGreater(parity.fallbacks["symbolic sizes"], 0)
         else:
-            self.assertParity(name, parity, 1.0)
+            self.assertParity(parity, 1.0)
 
     def test_zoo_keys(self) -> None:
-        """Every key of the kernel zoo's calls that a builder handles equals torch's."""
-        self.assertParity("zoo", sweep_zoo(), 0.5)
+        """Every key of the kernel zoo's calls equals torch's, and at least half of them are built."""
+        self.assertParity(sweep_zoo(), 0.5)
 
 
 instantiate_parametrized_tests(TestKeyBuilderSweeps)
@@ -374,9 +203,7 @@ def _symbolic_case(name: str) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]
     mode = StockMode(shape_env=ShapeEnv())
     x = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2))
     both = mode.from_tensor(torch.empty(5, 6), symbolic_context=_dynamic(2, dims=2))
-    strided = StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC] * 4, dynamic_strides=[DimDynamic.DYNAMIC] * 4
-    )
+    strided = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4, dynamic_strides=[DimDynamic.DYNAMIC] * 4)
     nhwc = mode.from_tensor(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last), symbolic_context=strided)
     nchw = mode.from_tensor(torch.empty(2, 3, 4, 5), symbolic_context=_dynamic(4, dims=4))
     func, args, kwargs = SYMBOLIC_CASES[name](mode, x, both, nhwc, nchw)
@@ -412,37 +239,36 @@ class TestKeyBuilder(TestCase):
     """Hand-made calls: odd layouts and values, each fallback reason, the mode's use of the builder."""
 
     def assertSameKey(self, mode: Any, func: Any, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
-        """Every builder handles the call, with torch's key."""
+        """The builder handles the call, with torch's key, and cache_key returns it."""
         expected = mode._cache_key(_CacheKeyState(mode.shape_env), func, args, kwargs)
-        for name, build in builders():
-            built = build(mode, keybuilder.key_prefix(mode, func), args, kwargs)
-            self.assertIsInstance(built, tuple, msg=f"{name}: {built}")
-            self.assertIsNone(first_difference(built, expected.key), msg=name)
-        stats = keybuilder.KeyStats()
-        key = keybuilder.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
+        built = build(mode, func, args, kwargs)
+        self.assertIsInstance(built, tuple, msg=built)
+        self.assertIsNone(testing.key_difference(built, expected.key))
+        stats = KeyStats()
+        key = _key.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
         self.assertEqual((key, hash(key), stats.built, stats.fallbacks), (expected, hash(expected), 1, {}))
 
     def assertFallback(
         self, reason: str, mode: Any, func: Any, args: Sequence[object], kwargs: Mapping[str, object]
     ) -> None:
-        """Every builder falls back for ``reason``, and cache_key answers as torch's _cache_key."""
-        for name, build in builders():
-            self.assertEqual(build(mode, keybuilder.key_prefix(mode, func), args, kwargs), reason, msg=name)
-        stats = keybuilder.KeyStats()
+        """The builder falls back for ``reason``, and cache_key answers as torch's _cache_key."""
+        self.assertEqual(build(mode, func, args, kwargs), reason)
+        stats = KeyStats()
         try:
             expected: object = mode._cache_key(_CacheKeyState(mode.shape_env), func, args, kwargs)
         except _BypassDispatchCache as e:
             with self.assertRaisesRegex(_BypassDispatchCache, ""):
-                keybuilder.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
+                _key.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
             expected = e.reason
         else:
-            got = keybuilder.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
+            got = _key.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
             self.assertEqual(got, expected)
         self.assertEqual((stats.built, stats.fallbacks), (0, {reason: 1}))
 
+    @needs_builder
     @parametrize("case", list(CASES))
     def test_same_key(self, case: str) -> None:
-        """The builders' key of an unusual but handled call equals torch's."""
+        """The builder's key of an unusual but handled call equals torch's."""
         mode = StockMode()
         with mode:
             func, args, kwargs = CASES[case](mode)
@@ -454,13 +280,12 @@ class TestKeyBuilder(TestCase):
         with mode:
             x = torch.empty(3)
         keys = {
-            keybuilder.cache_key(
-                mode, _CacheKeyState(), torch.ops.aten.add.Tensor, (x, v), {}, keybuilder.KeyStats()
-            )
+            _key.cache_key(mode, _CacheKeyState(), torch.ops.aten.add.Tensor, (x, v), {}, KeyStats())
             for v in (1, 1.0, True)
         }
         self.assertEqual(len(keys), 3)
 
+    @needs_builder
     def test_without_a_state_symbolic_values_fall_back(self) -> None:
         """Without a state to record them in, symbolic sizes and SymInt arguments are not built."""
         mode = StockMode(shape_env=ShapeEnv())
@@ -470,47 +295,44 @@ class TestKeyBuilder(TestCase):
             (torch.ops.aten.relu.default, (x,), "symbolic sizes"),
             (torch.ops.aten.view.default, (y, [x.shape[0], 3]), "symbolic argument"),
         ]:
-            for name, build in builders():
-                self.assertEqual(build(mode, keybuilder.key_prefix(mode, func), args, {}), reason, msg=name)
+            self.assertEqual(build(mode, func, args, {}), reason, msg=str(func))
 
+    @needs_builder
+    @unittest.skipIf(not _compat.SYMBOLIC_KEYS, "this torch's extract_tensor_metadata is not a known one")
     @parametrize("case", list(SYMBOLIC_CASES))
     def test_symbolic_same_key_state_and_guards(self, case: str) -> None:
         """A symbolic key equals torch's, leaves torch's state, and adds the guards torch's key adds."""
-        if not keybuilder.SYMBOLIC_KEYS:
-            self.skipTest("this torch's extract_tensor_metadata is not a known one")
         # Two identical ShapeEnvs: one sees torch's key only, the other the
         # builder's key first (its guards, if any), then torch's.
-        torch_only = _symbolic_case(case)
-        mode, func, args, kwargs = torch_only
+        mode, func, args, kwargs = _symbolic_case(case)
         mode._cache_key(_CacheKeyState(mode.shape_env), func, args, kwargs)
         expected_guards = [str(g.expr) for g in mode.shape_env.guards]
         if case == "4d_channels_last_symbolic_strides":
             # torch 2.13's key guards here, 2.14's does not: the case means something on both.
-            self.assertEqual(bool(expected_guards), keybuilder._SUGGEST_FOR_SYMBOLIC is not None)
-        for name, build in builders():
-            mode, func, args, kwargs = _symbolic_case(case)
-            ours = _CacheKeyState(mode.shape_env)
-            built = build(mode, keybuilder.key_prefix(mode, func), args, kwargs, ours)
-            self.assertIsInstance(built, tuple, msg=f"{name}: {built}")
-            self.assertEqual([str(g.expr) for g in mode.shape_env.guards], expected_guards, msg=name)
-            theirs = _CacheKeyState(mode.shape_env)
-            expected = mode._cache_key(theirs, func, args, kwargs)
-            self.assertIsNone(first_difference(built, expected.key), msg=name)
-            self.assertIsNone(state_difference(ours, theirs), msg=name)
-            self.assertTrue(ours.sym_node_lookup, msg=name)
+            self.assertEqual(bool(expected_guards), _compat.SYMBOLIC_MEMORY_FORMAT_GUARDS)
+        mode, func, args, kwargs = _symbolic_case(case)
+        ours = _CacheKeyState(mode.shape_env)
+        built = build(mode, func, args, kwargs, ours)
+        self.assertIsInstance(built, tuple, msg=built)
+        self.assertEqual([str(g.expr) for g in mode.shape_env.guards], expected_guards)
+        theirs = _CacheKeyState(mode.shape_env)
+        expected = mode._cache_key(theirs, func, args, kwargs)
+        self.assertIsNone(testing.key_difference(built, expected.key))
+        self.assertIsNone(testing.key_state_difference(ours, theirs))
+        self.assertTrue(ours.sym_node_lookup)
         # The mode's entry point: built, not left to torch.
         mode, func, args, kwargs = _symbolic_case(case)
-        stats = keybuilder.KeyStats()
+        stats = KeyStats()
         state = _CacheKeyState(mode.shape_env)
-        key = keybuilder.cache_key(mode, state, func, args, kwargs, stats)
+        key = _key.cache_key(mode, state, func, args, kwargs, stats)
         theirs = _CacheKeyState(mode.shape_env)
         self.assertEqual(key, mode._cache_key(theirs, func, args, kwargs))
-        self.assertEqual((stats.built, stats.fallbacks, state_difference(state, theirs)), (1, {}, None))
+        self.assertEqual((stats.built, stats.fallbacks, testing.key_state_difference(state, theirs)), (1, {}, None))
 
+    @needs_builder
+    @unittest.skipIf(not _compat.SYMBOLIC_MEMORY_FORMAT_GUARDS, "this torch's key adds no memory-format guard")
     def test_symbolic_state_records_symbols_when_reached(self) -> None:
         """A symbol that a later tensor's memory-format guard replaces is recorded as torch records it: when reached."""
-        if keybuilder._SUGGEST_FOR_SYMBOLIC is None:
-            self.skipTest("this torch's key adds no memory-format guard")
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
         def case() -> tuple[Any, Any, tuple[Any, ...]]:
@@ -524,32 +346,33 @@ class TestKeyBuilder(TestCase):
         theirs = _CacheKeyState(mode.shape_env)
         mode._cache_key(theirs, func, args, {})
         self.assertTrue(mode.shape_env.replacements)  # the case replaces the first argument's symbol
-        for name, build in builders():
-            mode, func, args = case()
-            ours = _CacheKeyState(mode.shape_env)
-            self.assertIsInstance(build(mode, keybuilder.key_prefix(mode, func), args, {}, ours), tuple, msg=name)
-            self.assertEqual(sorted(map(str, ours.known_symbols)), sorted(map(str, theirs.known_symbols)), msg=name)
+        mode, func, args = case()
+        ours = _CacheKeyState(mode.shape_env)
+        self.assertIsInstance(build(mode, func, args, {}, ours), tuple)
+        self.assertEqual(sorted(map(str, ours.known_symbols)), sorted(map(str, theirs.known_symbols)))
 
+    @needs_builder
+    @unittest.skipIf(not _compat.SYMBOLIC_KEYS, "this torch's extract_tensor_metadata is not a known one")
     def test_symbolic_fallbacks(self) -> None:
         """SymBool and SymFloat arguments, and a state that has seen symbols, are left to torch."""
-        if not keybuilder.SYMBOLIC_KEYS:
-            self.skipTest("this torch's extract_tensor_metadata is not a known one")
         mode = StockMode(shape_env=ShapeEnv())
         x = mode.from_tensor(torch.empty(4, 3), symbolic_context=_dynamic(2))
         add = torch.ops.aten.add.Tensor
         for value in (x.shape[0] > 2, x.shape[0] * 0.5):
             state = _CacheKeyState(mode.shape_env)
-            for name, build in builders():
-                self.assertEqual(build(mode, keybuilder.key_prefix(mode, add), (x, value), {}, state), "symbolic argument", msg=name)
-            self.assertEqual((state.sym_node_lookup, state.known_symbols), ({}, set()), msg="a fall back leaves the state fresh")
-        stats = keybuilder.KeyStats()
+            self.assertEqual(build(mode, add, (x, value), {}, state), "symbolic argument")
+            self.assertEqual(
+                (state.sym_node_lookup, state.known_symbols), ({}, set()), msg="a fall back leaves the state fresh"
+            )
+        stats = KeyStats()
         seen = _CacheKeyState(mode.shape_env)
         seen.known_symbols.update(x.shape[0].node.expr.free_symbols)
         expected = mode._cache_key(_CacheKeyState(mode.shape_env), add, (x, 1), {})
-        got = keybuilder.cache_key(mode, seen, add, (x, 1), {}, stats)
+        got = _key.cache_key(mode, seen, add, (x, 1), {}, stats)
         self.assertNotEqual(got, expected)  # torch's key for such a state holds the epoch
         self.assertEqual(stats.fallbacks, {"state with symbols": 1})
 
+    @needs_builder
     def test_fallback_tensors(self) -> None:
         """Non-fake tensors, another mode's fakes, constants and sparse tensors are left to torch."""
         mode, other = StockMode(), StockMode()
@@ -561,6 +384,7 @@ class TestKeyBuilder(TestCase):
         sparse = mode.from_tensor(torch.eye(3).to_sparse())
         self.assertFallback("layout other than strided", mode, torch.ops.aten.neg.default, (sparse,), {})
 
+    @needs_builder
     def test_fallback_subclasses_and_types(self) -> None:
         """FakeTensor subclasses, unusual argument types and containers are left to torch."""
 
@@ -584,6 +408,7 @@ class TestKeyBuilder(TestCase):
         self.assertFallback("container subclass argument", mode, view, (x, SneakyList([6])), {})
         self.assertFallback("dict subclass argument", mode, view, (x, [6]), MyDict(size=[6]))
 
+    @needs_builder
     def test_fallback_in_kernel_invocation(self) -> None:
         """While the mode runs a kernel FakeTensor.device is meta: left to torch."""
         mode = StockMode()
@@ -595,23 +420,23 @@ class TestKeyBuilder(TestCase):
         finally:
             mode.in_kernel_invocation = False
 
-    def test_canary_disables_a_disagreeing_builder(self) -> None:
-        """A built key that differs from torch's turns the builder off, with a warning, and torch's key is used."""
+    def test_without_builder_every_key_is_torchs(self) -> None:
+        """Without the C++ builder cache_key returns torch's key and counts it as "no C++ key builder"."""
         mode = StockMode()
         with mode:
-            x = torch.empty(3)
+            x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
         relu = torch.ops.aten.relu.default
-        canary = keybuilder._Canary()
-        stats = keybuilder.KeyStats()
-        wrong = _DispatchCacheKey((relu, "not torch's key"))
-        with self.assertWarnsRegex(UserWarning, "differs from FakeTensorMode._cache_key"):
-            key = canary.check(wrong, mode, _CacheKeyState(), relu, (x,), {}, stats)
+        stats = KeyStats()
+        with mock.patch.object(_key, "_builder", None):
+            key = _key.cache_key(mode, _CacheKeyState(), relu, (x,), {}, stats)
+            with self.assertRaisesRegex(_BypassDispatchCache, ""):
+                _key.cache_key(mode, _CacheKeyState(), relu, (torch.empty(3),), {}, stats)  # torch's bypass
         self.assertEqual(key, mode._cache_key(_CacheKeyState(), relu, (x,), {}))
-        self.assertEqual((canary.pending, canary.disabled), (False, "key builder disagrees with this torch"))
-        self.assertEqual(stats.fallbacks, {"key builder disagrees with this torch": 1})
+        self.assertEqual((stats.built, stats.fallbacks), (0, {_key.NO_BUILDER: 2}))
+        self.assertEqual(_key.NO_BUILDER, "no C++ key builder")
 
     def test_mode_counts_built_keys(self) -> None:
-        """The policy mode builds its keys with the builder and counts fallbacks by reason."""
+        """The policy mode builds its keys with the builder (or counts each as torch's without it), by reason."""
         policy = tcp.CachePolicy(namespaces=["quantized_decomposed"])
         mode = tcp.FakeTensorMode(cache_policy=policy, shape_env=ShapeEnv())
         x = mode.from_tensor(torch.empty(2, 4), symbolic_context=_dynamic(2, dims=0))
@@ -621,45 +446,179 @@ class TestKeyBuilder(TestCase):
                 torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
                 torch.relu(x)
         stats = mode.cache_key_stats()
-        self.assertEqual((stats.built, stats.fallbacks, stats.handled_share), (4, {}, 1.0))
+        if testing.HAS_KEY_BUILDER:
+            self.assertEqual((stats.built, stats.fallbacks, stats.handled_share), (4, {}, 1.0))
+        else:
+            self.assertEqual((stats.built, stats.fallbacks, stats.handled_share), (0, {_key.NO_BUILDER: 4}, 0.0))
         self.assertEqual(mode.cache_info().hits, 2)
         with mode:
             torch.relu(s)  # a miss
             torch.ops.aten.mul.Scalar(s, s.shape[0] * 0.5)  # a SymFloat argument: torch's key
         stats = mode.cache_key_stats()
-        self.assertGreaterEqual(stats.built, 5)
-        self.assertEqual(set(stats.fallbacks), {"symbolic argument"} if keybuilder.SYMBOLIC_KEYS else {"symbolic sizes", "symbolic argument"})
+        if testing.HAS_KEY_BUILDER:
+            self.assertGreaterEqual(stats.built, 5)
+            expected = {"symbolic argument"} if _compat.SYMBOLIC_KEYS else {"symbolic sizes", "symbolic argument"}
+            self.assertEqual(set(stats.fallbacks), expected)
+        else:
+            self.assertEqual((stats.built, set(stats.fallbacks)), (0, {_key.NO_BUILDER}))
         self.assertEqual(stats.handled_share, stats.built / (stats.built + sum(stats.fallbacks.values())))
         mode.cache_clear()
         self.assertEqual(repr(mode.cache_key_stats()), "KeyStats(built=0, fallbacks={})")
 
-    def test_python_fallback_in_a_subprocess(self) -> None:
-        """With TORCH_CACHEPOLICY_FORCE_PYTHON=1 the Python builder builds torch's key."""
-        script = textwrap.dedent(
-            """
-            import json, torch
-            from torch._subclasses._fake_tensor_utils import _CacheKeyState
-            import torch_cachepolicy as tcp
-            from torch_cachepolicy import keybuilder
-            mode = tcp.FakeTensorMode()
+
+class _StandInBuilder:
+    """Stands in for ``_C.KeyBuilder``: builds torch's key of each call, or with ``wrong`` a key torch would not."""
+
+    def __init__(self, wrong: bool = False, keep_state: bool = True) -> None:
+        self.wrong = wrong
+        self.keep_state = keep_state
+        self.calls = 0
+
+    def build(self, mode: Any, prefix: tuple[object, ...], args: Any, kwargs: Any, state: Any) -> tuple[object, ...]:
+        self.calls += 1
+        # torch's key, recorded in the call's state as torch records it, unless keep_state is off.
+        own = state if self.keep_state and state is not None else _CacheKeyState(mode.shape_env)
+        key = mode._cache_key(own, prefix[0], args, kwargs).key
+        return (*key, "not in torch's key") if self.wrong else key
+
+
+class TestSelfCheck(TestCase):
+    """TORCH_CACHEPOLICY_SELF_CHECK: every built key is compared with torch's, and a difference raises."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        patch = mock.patch.object(_key, "SELF_CHECK", True)
+        patch.start()
+        self.addCleanup(patch.stop)
+
+    def test_differing_key_raises_naming_the_op(self) -> None:
+        """A built key that differs from torch's raises RuntimeError naming the op, in cache_key and in a dispatch."""
+        mode = StockMode()
+        with mode:
+            x = torch.empty(3)
+        relu = torch.ops.aten.relu.default
+        stand_in = _StandInBuilder(wrong=True)
+        msg = r"TORCH_CACHEPOLICY_SELF_CHECK=1\): the key built for aten\.relu\.default differs from FakeTensorMode\._cache_key's"
+        with mock.patch.object(_key, "_builder", stand_in):
+            with self.assertRaisesRegex(RuntimeError, msg):
+                _key.cache_key(mode, _CacheKeyState(), relu, (x,), {}, KeyStats())
+            ours = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            y = ours.from_tensor(torch.empty(3))
+            with self.assertRaisesRegex(RuntimeError, msg), ours:
+                torch.ops.aten.relu.default(y)
+        self.assertEqual(stand_in.calls, 2)
+        with mock.patch.object(_key, "_builder", stand_in), mock.patch.object(_key, "SELF_CHECK", False):
+            # Control: without the check nothing compares the wrong key.
+            key = _key.cache_key(mode, _CacheKeyState(), relu, (x,), {}, KeyStats())
+        self.assertNotEqual(key, mode._cache_key(_CacheKeyState(), relu, (x,), {}))
+
+    @unittest.skipIf(not _compat.SYMBOLIC_KEYS, "this torch's extract_tensor_metadata is not a known one")
+    def test_differing_state_raises(self) -> None:
+        """A built key equal to torch's that leaves the call's state unlike torch's raises."""
+        mode, func, args, kwargs = _symbolic_case("sizes")
+        with mock.patch.object(_key, "_builder", _StandInBuilder(keep_state=False)):
+            with self.assertRaisesRegex(RuntimeError, r"the key built for aten\.relu\.default differs"):
+                _key.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, KeyStats())
+
+    def test_agreeing_stand_in_does_not_raise(self) -> None:
+        """A builder that builds torch's keys passes the check: through cache_key and a mode's dispatches."""
+        stand_in = _StandInBuilder()
+        mode, func, args, kwargs = _symbolic_case("symint_arguments_backref")
+        stats = KeyStats()
+        with mock.patch.object(_key, "_builder", stand_in):
+            state = _CacheKeyState(mode.shape_env)
+            key = _key.cache_key(mode, state, func, args, kwargs, stats)
+            ours = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            with ours:
+                x = torch.empty(2, 3)
+                for _ in range(2):
+                    torch.relu(x)
+        self.assertEqual(key, mode._cache_key(_CacheKeyState(mode.shape_env), func, args, kwargs))
+        self.assertEqual((stats.built, stats.fallbacks), (1, {}))
+        self.assertEqual(ours.cache_info().hits, 1)
+        self.assertEqual(ours.cache_key_stats().fallbacks, {})
+        self.assertGreaterEqual(stand_in.calls, 3)
+
+    @needs_builder
+    def test_real_builder_passes_the_check(self) -> None:
+        """The C++ builder's keys of the hand-made and symbolic calls pass the check."""
+        for name, make in CASES.items():
+            mode = StockMode()
             with mode:
-                x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
-                torch.relu(x)
-                torch.relu(x)
-            func = torch.ops.aten.relu.default
-            stats = keybuilder.KeyStats()
-            key = keybuilder.cache_key(mode, _CacheKeyState(), func, (x,), {}, stats)
-            same = key == mode._cache_key(_CacheKeyState(), func, (x,), {})
-            print(json.dumps({"backend": keybuilder.backend(), "same": same,
-                              "built": mode.cache_key_stats().built, "hits": mode.cache_info().hits}))
-            """
+                func, args, kwargs = make(mode)
+            stats = KeyStats()
+            _key.cache_key(mode, _CacheKeyState(), func, args, kwargs, stats)
+            self.assertEqual(stats.built, 1, msg=name)
+        if _compat.SYMBOLIC_KEYS:
+            for name in SYMBOLIC_CASES:
+                mode, func, args, kwargs = _symbolic_case(name)
+                stats = KeyStats()
+                _key.cache_key(mode, _CacheKeyState(mode.shape_env), func, args, kwargs, stats)
+                self.assertEqual(stats.built, 1, msg=name)
+
+
+_ENV_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    from unittest import mock
+    from torch._subclasses._fake_tensor_utils import _CacheKeyState
+    import torch_cachepolicy as tcp
+    from torch_cachepolicy import _key
+    from torch_cachepolicy.report import KeyStats
+    out = {"builder": _key._builder is not None, "self_check": _key.SELF_CHECK}
+    mode = tcp.FakeTensorMode()
+    with mode:
+        x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        torch.relu(x)
+        torch.relu(x)
+    func = torch.ops.aten.relu.default
+    key = _key.cache_key(mode, _CacheKeyState(), func, (x,), {}, KeyStats())
+    stats = mode.cache_key_stats()
+    out.update(same=key == mode._cache_key(_CacheKeyState(), func, (x,), {}), built=stats.built,
+               fallbacks=stats.fallbacks, hits=mode.cache_info().hits)
+
+    class Wrong:
+        def build(self, mode, prefix, args, kwargs, state):
+            return (*mode._cache_key(_CacheKeyState(), prefix[0], args, kwargs).key, "not torch's")
+
+    with mock.patch.object(_key, "_builder", Wrong()):
+        try:
+            with mode:
+                torch.neg(x)
+        except RuntimeError as e:
+            out["error"] = str(e)
+    print(json.dumps(out))
+    """
+)
+
+
+class TestEnvironment(TestCase):
+    """One interpreter started with TORCH_CACHEPOLICY_FORCE_PYTHON=1 and TORCH_CACHEPOLICY_SELF_CHECK=1."""
+
+    _result: Any = None
+
+    def result(self) -> Any:
+        """The script's answers, run once for the class."""
+        if TestEnvironment._result is None:
+            env = {**os.environ, "TORCH_CACHEPOLICY_FORCE_PYTHON": "1", _key.SELF_CHECK_ENV: "1"}
+            TestEnvironment._result = testing.run_json_script(self, _ENV_SCRIPT, env, "-W", "ignore")
+        return TestEnvironment._result
+
+    def test_force_python_keys_are_torchs(self) -> None:
+        """With TORCH_CACHEPOLICY_FORCE_PYTHON=1 there is no builder: every key is torch's, and hits are the same."""
+        result = self.result()
+        self.assertEqual((result["builder"], result["same"], result["hits"], result["built"]), (False, True, 1, 0))
+        self.assertEqual(list(result["fallbacks"]), ["no C++ key builder"])
+        self.assertGreaterEqual(result["fallbacks"]["no C++ key builder"], 2)  # the relu calls, and the ops making x
+
+    def test_self_check_env_var(self) -> None:
+        """TORCH_CACHEPOLICY_SELF_CHECK=1 at import turns the check on: a builder differing from torch raises."""
+        result = self.result()
+        self.assertTrue(result["self_check"])
+        self.assertRegex(
+            result.get("error", ""),
+            r"^torch_cachepolicy \(TORCH_CACHEPOLICY_SELF_CHECK=1\): the key built for aten\.neg\.default differs",
         )
-        env = {**os.environ, "TORCH_CACHEPOLICY_FORCE_PYTHON": "1"}
-        result = testing.run_json_script(self, script, env, "-W", "ignore")
-        self.assertEqual((result["backend"], result["same"], result["hits"]), ("python", True, 1))
-        self.assertGreaterEqual(result["built"], 2)  # the relu calls, and the ops making x
-
-
 
 
 def _dynamic(ndim: int, dims: int = 1) -> Any:

@@ -1,5 +1,5 @@
 # Owner(s): ["module: fakeTensor"]
-"""keyparts: the C++ test for the common case agrees with the full pass of the key extension."""
+"""torch_cachepolicy._key_extension: the C++ test for the common case agrees with the full pass of the key extension."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import random
 import unittest
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
@@ -15,9 +16,12 @@ from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKe
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import keyparts
+from torch_cachepolicy import _key_extension
 
-HAS_CPP = keyparts._plain_args is not None
+HAS_CPP = _key_extension._plain_args is not None
+needs_cpp = unittest.skipIf(
+    not HAS_CPP, "torch_cachepolicy._C is not loaded (USE_CPP=0 or TORCH_CACHEPOLICY_FORCE_PYTHON=1): no _C.plain_args"
+)
 KEY = _DispatchCacheKey(("op", 1))
 
 
@@ -52,9 +56,9 @@ def _pool(mode: tcp.FakeTensorMode) -> dict[str, Callable[[], Any]]:
 
 
 def _full_pass_adds_nothing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether keyparts' full pass (every argument) leaves torch's key as it is."""
+    """Whether the key extension's full pass (every argument) leaves torch's key as it is."""
     try:
-        out = keyparts._extend_key(KEY, keyparts.GENERIC_SLOTS, _CacheKeyState(None), args, kwargs)
+        out = _key_extension._extend_key(KEY, _key_extension.GENERIC_SLOTS, _CacheKeyState(None), args, kwargs)
     except _BypassDispatchCache:
         return False
     return out is KEY
@@ -71,12 +75,12 @@ class TestPlainArgs(TestCase):
 
     def assertAgrees(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """The C++ answer equals the full pass's; returns it."""
-        assert keyparts._plain_args is not None
+        assert _key_extension._plain_args is not None
         expected = _full_pass_adds_nothing(args, kwargs)
-        self.assertEqual(keyparts._plain_args(args, kwargs), expected, f"{args!r} {kwargs!r}")
+        self.assertEqual(_key_extension._plain_args(args, kwargs), expected, f"{args!r} {kwargs!r}")
         return expected
 
-    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    @needs_cpp
     @parametrize(
         "name,plain",
         [
@@ -101,7 +105,7 @@ class TestPlainArgs(TestCase):
         for args, kwargs in (((make(),), {}), (([1, (make(),)],), {}), ((), {"x": {"k": make()}})):
             self.assertEqual(self.assertAgrees(args, kwargs), plain)
 
-    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    @needs_cpp
     def test_sharing(self) -> None:
         """Two arguments on one storage (the same tensor, or a view and its base) are not plain."""
         shared = self.pool["shared tensor"]
@@ -110,7 +114,7 @@ class TestPlainArgs(TestCase):
         self.assertTrue(self.assertAgrees((self.pool["tensor"](), self.pool["tensor"]()), {}))
         self.assertFalse(self.assertAgrees((shared(),), {"y": [shared()]}))
 
-    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    @needs_cpp
     def test_random_argument_lists(self) -> None:
         """600 random argument lists, nested in lists, tuples and dicts: the answers agree."""
         rng = random.Random(0)
@@ -135,23 +139,51 @@ class TestPlainArgs(TestCase):
         self.assertGreater(seen[True], 50)
         self.assertGreater(seen[False], 50)
 
-    @unittest.skipIf(not HAS_CPP, "torch_cachepolicy._C is not loaded")
+    @needs_cpp
     def test_deep_nesting_goes_to_full_pass(self) -> None:
         """Arguments nested deeper than the C++ walk follows go to the full pass."""
         deep: Any = 1.0
         for _ in range(40):
             deep = [deep]
-        assert keyparts._plain_args is not None
-        self.assertFalse(keyparts._plain_args((deep,), {}))
+        assert _key_extension._plain_args is not None
+        self.assertFalse(_key_extension._plain_args((deep,), {}))
         self.assertTrue(_full_pass_adds_nothing((deep,), {}))
 
-    def test_extend_key_uses_answer(self) -> None:
-        """extend_key returns torch's key itself for plain arguments of a multi-tensor op."""
-        slots = keyparts.ArgSlots(torch.ops.aten.addmm.default)
+    @parametrize("cpp", [True, False], name_fn=lambda cpp: "cpp" if cpp else "full_pass_only")
+    def test_extend_key_uses_answer(self, cpp: bool) -> None:
+        """extend_key returns torch's key itself for plain arguments, and extends it for shared ones."""
+        if cpp and not HAS_CPP:
+            self.skipTest("torch_cachepolicy._C is not loaded (USE_CPP=0 or TORCH_CACHEPOLICY_FORCE_PYTHON=1)")
+        plain_args = _key_extension._plain_args if cpp else None
         t = self.pool["tensor"]
-        self.assertIs(keyparts.extend_key(KEY, slots, _CacheKeyState(None), (t(), t(), t()), {}), KEY)
         shared = self.pool["shared tensor"]()
-        self.assertIsNot(keyparts.extend_key(KEY, slots, _CacheKeyState(None), (shared, shared, t()), {}), KEY)
+        with mock.patch.object(_key_extension, "_plain_args", plain_args):
+            slots = _key_extension.ArgSlots(torch.ops.aten.addmm.default)
+            self.assertIs(_key_extension.extend_key(KEY, slots, _CacheKeyState(None), (t(), t(), t()), {}), KEY)
+            extended = _key_extension.extend_key(KEY, slots, _CacheKeyState(None), (shared, shared, t()), {})
+            self.assertIsNot(extended, KEY)
+            self.assertEqual(extended.key[: len(KEY.key)], KEY.key)
+            # One tensor argument (no Python fast path any more): the same answers.
+            relu = _key_extension.ArgSlots(torch.ops.aten.relu.default)
+            self.assertIs(_key_extension.extend_key(KEY, relu, _CacheKeyState(None), (t(),), {}), KEY)
+            view = self.pool["view"]()
+            self.assertIsNot(_key_extension.extend_key(KEY, relu, _CacheKeyState(None), (view,), {}), KEY)
+
+    def test_without_cpp_every_call_takes_the_full_pass(self) -> None:
+        """Without _C.plain_args extend_key runs the full pass on every call, plain arguments included."""
+        full_pass = mock.Mock(wraps=_key_extension._extend_key)
+        t = self.pool["tensor"]
+        slots = _key_extension.ArgSlots(torch.ops.aten.relu.default)
+        with (
+            mock.patch.object(_key_extension, "_plain_args", None),
+            mock.patch.object(_key_extension, "_extend_key", full_pass),
+        ):
+            for args in ((t(),), (self.pool["view"](),), (self.pool["tensor with grad"](),)):
+                try:
+                    _key_extension.extend_key(KEY, slots, _CacheKeyState(None), args, {})
+                except _BypassDispatchCache:
+                    pass
+        self.assertEqual(full_pass.call_count, 3)
 
 
 if __name__ == "__main__":

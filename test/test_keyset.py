@@ -1,17 +1,18 @@
-# Owner(s): ["module: dispatch"]
-"""Tests for torch_cachepolicy.keyset and its C++ helper torch_cachepolicy._C.
+# Owner(s): ["module: fakeTensor"]
+"""Tests for torch_cachepolicy._keyset: kernel_keys and the kernel watches.
 
-The C++ batch (``_C.kernel_masks``) and the pure-Python fallback
-(``keyset._python_mask``) must give the same answer for every operator the
-process knows, so either can back a cache policy. Kernel watches
-(``keyset.kernel_watch``) must see every change of an operator's fake kernels
-on both backends, except the one the fallback documents it cannot see.
+``kernel_keys`` answers, in pure Python, which dispatch keys of ``KEYS`` have a
+kernel registered directly for an operator. Kernel watches
+(``_keyset.kernel_watch``) must see every change of an operator's fake kernels
+on both backends (``_C.KernelWatch`` and the ``_DumpKernelWatch`` fallback),
+except the one the fallback documents it cannot see.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import textwrap
 import unittest
 import warnings
@@ -29,21 +30,19 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from torch_cachepolicy import keyset, native
+from torch_cachepolicy import _keyset, _native
 
 _C: ModuleType | None
 try:
-    # Imported directly rather than through native.extension(), which is None when
+    # Imported directly rather than through _native.extension(), which is None when
     # TORCH_CACHEPOLICY_FORCE_PYTHON is set even though the helper is built.
     from torch_cachepolicy import _C  # type: ignore[attr-defined,no-redef]
 except ImportError:
     _C = None
 
-NO_CPP_REASON = (
-    "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), "
-    "so there is no C++ answer to compare with the Python fallback"
-)
-KEY_INTS = [k.value for k in keyset.KEYS]
+# The start of the TypeError of kernel_keys / kernel_watch for a value that is neither an OpOverload nor a name.
+WRONG_TYPE = "torch_cachepolicy.{api}(...): expected an OpOverload or a 'ns::name.overload' string, got "
+NO_CPP_REASON = "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), so there is no C++ kernel watch"
 
 # A namespace of our own covers registrations that aten never makes: a
 # Python-registered Meta kernel, a register_fake-only operator, a
@@ -103,99 +102,37 @@ def _meta_kernel(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _has_schema(name: str) -> bool:
-    base, _, overload = name.partition(".")
-    try:
-        torch._C._dispatch_find_schema_or_throw(base, overload)
-    except RuntimeError:
-        return False
-    return True
-
-
 def _render(keys: frozenset[DispatchKey]) -> str:
     return ", ".join(sorted(k.name for k in keys))
 
 
 @contextlib.contextmanager
 def _use_backend(backend: str) -> Iterator[None]:
-    """Points keyset at one backend for the duration, then restores it."""
-    saved = (native._ext, native._fallback_reason, native._warned)
+    """Points _native (so the kernel watch) at one backend for the duration, then restores it."""
+    saved = (_native._ext, _native._fallback_reason, _native._warned)
     try:
         if backend == "cpp":
             if _C is None:
                 raise unittest.SkipTest(NO_CPP_REASON)
-            native._ext = _C
+            _native._ext = _C
         else:
-            native._ext = None
-            native._fallback_reason = "test_keyset forces the fallback"
+            _native._ext = None
+            _native._fallback_reason = "test_keyset forces the fallback"
         with warnings.catch_warnings():
             # The once-only fallback warning is tested on its own below.
             warnings.simplefilter("ignore")
             yield
     finally:
-        native._ext, native._fallback_reason, native._warned = saved
+        _native._ext, _native._fallback_reason, _native._warned = saved
 
 
-class TestKeysetParity(TestCase):
-    @unittest.skipIf(_C is None, NO_CPP_REASON)
-    def test_every_registered_operator(self) -> None:
-        """C++ and Python masks agree for every operator in the dispatcher."""
-        assert _C is not None
-        names = sorted(torch._C._dispatch_get_all_op_names())
-        with_schema = [n for n in names if _has_schema(n)]
-        # aten alone has thousands; far fewer means the listing broke.
-        self.assertGreater(len(with_schema), 1000)
-        for ours in ("meta_op", "meta_op.out", "fake_only", "cia_op", "custom"):
-            self.assertIn(f"{NS}::{ours}", with_schema)
-
-        cpp = _C.kernel_masks(with_schema, KEY_INTS)
-        python = [keyset._python_mask(n) for n in with_schema]
-        self.assertEqual(len(cpp), len(with_schema))
-        mismatches = [
-            (n, _render(keyset.keys_from_mask(c)), _render(keyset.keys_from_mask(p)))
-            for n, c, p in zip(with_schema, cpp, python, strict=True)
-            if c != p
-        ]
-        self.assertEqual(mismatches, [])
-
-    @unittest.skipIf(_C is None, NO_CPP_REASON)
-    def test_schemaless_operators_rejected_by_both(self) -> None:
-        """An impl() with no def() is an error on both paths, not an empty mask."""
-        assert _C is not None
-        with _impl_only_operator():
-            schemaless = [
-                n for n in torch._C._dispatch_get_all_op_names() if not _has_schema(n)
-            ]
-            self.assertIn(IMPL_ONLY, schemaless)
-            for name in schemaless:
-                with self.assertRaisesRegex(RuntimeError, "no schema"):
-                    _C.kernel_masks([name], KEY_INTS)
-                with self.assertRaises(RuntimeError):
-                    keyset._python_mask(name)
-        self.assertNotIn(IMPL_ONLY, torch._C._dispatch_get_all_op_names())
-
-    @unittest.skipIf(_C is None, NO_CPP_REASON)
-    @parametrize("key", keyset.KEYS, name_fn=lambda k: k.name)
-    def test_single_key_matches_torch_binding(self, key: DispatchKey) -> None:
-        """One key at bit 0 gives torch's _dispatch_has_kernel_for_dispatch_key answer."""
-        assert _C is not None
-        names = [n for n in torch._C._dispatch_get_all_op_names() if _has_schema(n)]
-        masks = _C.kernel_masks(names, [key.value])
-        expected = [
-            int(torch._C._dispatch_has_kernel_for_dispatch_key(n, key)) for n in names
-        ]
-        self.assertEqual(masks, expected)
-
-
-class TestKeyset(TestCase):
-    @parametrize("backend", ["cpp", "python"])
-    def test_custom_namespace(self, backend: str) -> None:
+class TestKernelKeys(TestCase):
+    def test_custom_namespace(self) -> None:
         """Kernels registered through torch.library show up under the right keys."""
-        with _use_backend(backend):
-            got = {
-                name: _render(keyset.kernel_keys(f"{NS}::{name}"))
-                for name in ("meta_op", "meta_op.out", "fake_only", "cia_op", "custom")
-            }
+        got = {
+            name: _render(_keyset.kernel_keys(f"{NS}::{name}"))
+            for name in ("meta_op", "meta_op.out", "fake_only", "cia_op", "custom")
+        }
         self.assertEqual(
             got,
             {
@@ -209,47 +146,50 @@ class TestKeyset(TestCase):
             },
         )
 
-    @parametrize("backend", ["cpp", "python"])
-    def test_linear_rendering(self, backend: str) -> None:
+    def test_linear_rendering(self) -> None:
         """aten::linear decomposes (CIA) and has its own autograd formula."""
-        with _use_backend(backend):
-            by_overload = keyset.kernel_keys(torch.ops.aten.linear.default)
-            by_name = keyset.kernel_keys("aten::linear")
+        by_overload = _keyset.kernel_keys(torch.ops.aten.linear.default)
+        by_name = _keyset.kernel_keys("aten::linear")
         self.assertEqual(by_overload, by_name)
-        self.assertExpectedInline(
-            _render(by_overload), """Autograd, CompositeImplicitAutograd"""
-        )
+        self.assertExpectedInline(_render(by_overload), """Autograd, CompositeImplicitAutograd""")
 
-    @parametrize("backend", ["cpp", "python"])
-    def test_batch_keeps_order(self, backend: str) -> None:
-        """kernel_keys_many answers in input order, duplicates included."""
-        names = [
-            "aten::add.Tensor",
-            "aten::linear",
-            "aten::add.Tensor",
-            f"{NS}::cia_op",
-        ]
-        with _use_backend(backend):
-            # A CUDA build of torch (2.14.1's wheels) adds CUDA kernels.
-            got = [_render(k - {DispatchKey.CUDA}) for k in keyset.kernel_keys_many(names)]
-            self.assertEqual(keyset.kernel_keys_many([]), [])
+    def test_aten_answers(self) -> None:
+        """kernel_keys answers for an aten op with backend kernels, a decomposing one and one of our own."""
+        names = ["aten::add.Tensor", "aten::linear", f"{NS}::cia_op"]
+        # A CUDA build of torch (2.14.1's wheels) adds CUDA kernels.
+        got = [_render(_keyset.kernel_keys(n) - {DispatchKey.CUDA}) for n in names]
         self.assertExpectedInline(
             "\n".join(f"{n}: {k}" for n, k in zip(names, got, strict=True)),
             """\
 aten::add.Tensor: Autograd, CPU, CompositeExplicitAutogradNonFunctional, Meta
 aten::linear: Autograd, CompositeImplicitAutograd
-aten::add.Tensor: Autograd, CPU, CompositeExplicitAutogradNonFunctional, Meta
 _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
         )
 
-    def test_keys_from_mask_round_trip(self) -> None:
-        """Bit i of a mask stands for KEYS[i], and nothing past len(KEYS)."""
-        self.assertEqual(len(set(keyset.KEYS)), len(keyset.KEYS))
-        for bit, key in enumerate(keyset.KEYS):
-            self.assertEqual(keyset.keys_from_mask(1 << bit), frozenset({key}))
-        full = (1 << len(keyset.KEYS)) - 1
-        self.assertEqual(keyset.keys_from_mask(full), frozenset(keyset.KEYS))
-        self.assertEqual(keyset.keys_from_mask(1 << len(keyset.KEYS)), frozenset())
+    @parametrize("backend", ["cpp", "python"])
+    def test_same_without_extension(self, backend: str) -> None:
+        """kernel_keys is pure Python: the same answers, and no fallback warning, with or without the extension."""
+        if backend == "cpp" and _C is None:
+            self.skipTest(NO_CPP_REASON)
+        expected = {n: _keyset.kernel_keys(n) for n in ("aten::add.Tensor", "aten::linear", f"{NS}::custom")}
+        saved = (_native._ext, _native._fallback_reason, _native._warned)
+        try:
+            _native._ext = _C if backend == "cpp" else None
+            _native._fallback_reason, _native._warned = "a test", False
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = {n: _keyset.kernel_keys(n) for n in expected}
+            self.assertEqual(caught, [])
+            self.assertFalse(_native._warned)
+        finally:
+            _native._ext, _native._fallback_reason, _native._warned = saved
+        self.assertEqual(got, expected)
+
+    def test_keys_are_distinct(self) -> None:
+        """KEYS names each key once, and every key a fake kernel may sit under is among them."""
+        self.assertEqual(len(set(_keyset.KEYS)), len(_keyset.KEYS))
+        self.assertLessEqual(set(_keyset.FAKE_KERNEL_KEYS), set(_keyset.KEYS))
+        self.assertLessEqual(_keyset.kernel_keys(f"{NS}::custom"), frozenset(_keyset.KEYS))
 
     @parametrize(
         "name",
@@ -265,49 +205,23 @@ _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
         ],
         name_fn=lambda n: n.replace(":", "_").replace(".", "_") or "empty",
     )
-    @parametrize("backend", ["cpp", "python"])
-    def test_unknown_operator(self, backend: str, name: str) -> None:
-        """An unknown operator or overload is a ValueError that names it."""
-        with _impl_only_operator(), _use_backend(backend):
+    def test_unknown_operator(self, name: str) -> None:
+        """An unknown operator or overload (or an impl() without a schema) is a ValueError that names the API and it."""
+        with _impl_only_operator():
             with self.assertRaises(ValueError) as ctx:
-                keyset.kernel_keys(name)
-            # A bad name in the middle of a batch fails the whole batch.
-            with self.assertRaises(ValueError):
-                keyset.kernel_keys_many(["aten::add.Tensor", name, "aten::linear"])
-        self.assertIn(name, str(ctx.exception))
+                _keyset.kernel_keys(name)
+        message = str(ctx.exception)
+        self.assertTrue(message.startswith("torch_cachepolicy.kernel_keys(...): "), message)
+        self.assertIn(name, message.removeprefix("torch_cachepolicy.kernel_keys(...): "))
 
-    @parametrize("backend", ["cpp", "python"])
-    def test_wrong_types(self, backend: str) -> None:
-        """Non-strings and a bare string for a batch are TypeErrors, never a crash."""
-        with _use_backend(backend):
-            for bad in (42, None, b"aten::add.Tensor", DispatchKey.CPU):
-                with self.assertRaisesRegex(TypeError, "expected an OpOverload"):
-                    keyset.kernel_keys(bad)  # type: ignore[arg-type]
-            with self.assertRaisesRegex(TypeError, "sequence of"):
-                keyset.kernel_keys_many("aten::add.Tensor")
-            with self.assertRaisesRegex(TypeError, "sequence of"):
-                keyset.kernel_keys_many(["aten::add.Tensor", 3])  # type: ignore[list-item]
-            # An OpOverloadPacket is not one operator: which overload is meant?
-            with self.assertRaises(TypeError):
-                keyset.kernel_keys(torch.ops.aten.add)  # type: ignore[arg-type]
-
-    @unittest.skipIf(_C is None, NO_CPP_REASON)
-    def test_extension_rejects_bad_keys(self) -> None:
-        """The C++ side checks its key list instead of trusting the caller."""
-        assert _C is not None
-        with self.assertRaisesRegex(RuntimeError, "at most 63"):
-            _C.kernel_masks(["aten::add.Tensor"], [DispatchKey.CPU.value] * 64)
-        end = max(k.value for k in DispatchKey.__members__.values())
-        for bad in (-1, end + 1, 1 << 20):
-            with self.assertRaisesRegex(RuntimeError, "not a c10::DispatchKey"):
-                _C.kernel_masks(["aten::add.Tensor"], [bad])
-        with self.assertRaises(TypeError):
-            _C.kernel_masks("aten::add.Tensor", KEY_INTS)
-        with self.assertRaises(TypeError):
-            _C.kernel_masks(["aten::add.Tensor"], [1 << 70])
-        # Undefined is a legal key that never has a kernel, as in torch.
-        self.assertEqual(_C.kernel_masks(["aten::add.Tensor"], [0]), [0])
-        self.assertEqual(_C.kernel_masks(["aten::add.Tensor"], []), [0])
+    def test_wrong_types(self) -> None:
+        """Non-strings are TypeErrors naming the API, never a crash."""
+        for bad in (42, None, b"aten::add.Tensor", DispatchKey.CPU):
+            with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api='kernel_keys'))}"):
+                _keyset.kernel_keys(bad)  # type: ignore[arg-type]
+        # An OpOverloadPacket is not one operator: which overload is meant?
+        with self.assertRaisesRegex(TypeError, r"got OpOverloadPacket$"):
+            _keyset.kernel_keys(torch.ops.aten.add)  # type: ignore[arg-type]
 
 
 class TestKernelWatch(TestCase):
@@ -322,17 +236,17 @@ class TestKernelWatch(TestCase):
             try:
                 lib.impl("w_stable", _meta_kernel, "Meta")
                 for op in (name, "aten::add.Tensor", "aten::linear"):
-                    watch = keyset.kernel_watch(op)
+                    watch = _keyset.kernel_watch(op)
                     first = watch.fingerprint()
-                    self.assertNotIn(first, (keyset.MISSING, keyset.NO_KERNEL))
+                    self.assertNotIn(first, (_keyset.MISSING, _keyset.NO_KERNEL))
                     self.assertEqual({watch.fingerprint() for _ in range(100)}, {first})
                     # Process-wide values: a store shared by two modes sees one.
-                    self.assertEqual(keyset.kernel_watch(op).fingerprint(), first)
+                    self.assertEqual(_keyset.kernel_watch(op).fingerprint(), first)
                 self.assertEqual(
-                    keyset.kernel_watch(torch.ops.aten.add.Tensor).fingerprint(),
-                    keyset.kernel_watch("aten::add.Tensor").fingerprint(),
+                    _keyset.kernel_watch(torch.ops.aten.add.Tensor).fingerprint(),
+                    _keyset.kernel_watch("aten::add.Tensor").fingerprint(),
                 )
-                watch = keyset.kernel_watch(name)
+                watch = _keyset.kernel_watch(name)
                 before = watch.fingerprint()
                 # Fake dispatch never runs these, so entries stay valid.
                 lib.impl("w_stable", lambda x: x.clone(), "CPU")
@@ -342,16 +256,16 @@ class TestKernelWatch(TestCase):
             finally:
                 lib._destroy()
 
-    @parametrize("key", keyset.FAKE_KERNEL_KEYS, name_fn=lambda k: k.name)
+    @parametrize("key", _keyset.FAKE_KERNEL_KEYS, name_fn=lambda k: k.name)
     @parametrize("backend", ["cpp", "python"])
     def test_override_changes(self, backend: str, key: DispatchKey) -> None:
         """Library.impl over an existing kernel of a fake key changes the fingerprint."""
         with _use_backend(backend), _scratch_op("w_override") as name:
             lib = torch.library.Library(NS, "FRAGMENT")
             try:
-                watch = keyset.kernel_watch(name)
+                watch = _keyset.kernel_watch(name)
                 seen = [watch.fingerprint()]
-                self.assertEqual(seen[0], keyset.NO_KERNEL)
+                self.assertEqual(seen[0], _keyset.NO_KERNEL)
                 lib.impl("w_override", lambda x: x.clone(), key.name)
                 seen.append(watch.fingerprint())
                 # allow_override=True is the default: the new kernel shadows the old.
@@ -369,7 +283,7 @@ class TestKernelWatch(TestCase):
             base = torch.library.Library(NS, "FRAGMENT")
             try:
                 base.impl("w_libs", _meta_kernel, "Meta")
-                watch = keyset.kernel_watch(name)
+                watch = _keyset.kernel_watch(name)
                 first = watch.fingerprint()
                 override = torch.library.Library(NS, "FRAGMENT")
                 try:
@@ -377,7 +291,7 @@ class TestKernelWatch(TestCase):
                     newest = watch.fingerprint()
                     self.assertNotEqual(newest, first)
                     # A watch made after the override agrees with the old one.
-                    self.assertEqual(keyset.kernel_watch(name).fingerprint(), newest)
+                    self.assertEqual(_keyset.kernel_watch(name).fingerprint(), newest)
                 finally:
                     override._destroy()
                 # The first kernel never went away, so its entries are valid
@@ -402,7 +316,7 @@ class TestKernelWatch(TestCase):
     def test_reregister_from_same_line(self, backend: str) -> None:
         """Destroying a Library and registering again from the same line is a new kernel each time."""
         with _use_backend(backend), _scratch_op("w_aba") as name:
-            watch = keyset.kernel_watch(name)
+            watch = _keyset.kernel_watch(name)
             seen = []
             for _ in range(20):
                 lib = torch.library.Library(NS, "FRAGMENT")
@@ -411,16 +325,16 @@ class TestKernelWatch(TestCase):
                     seen.append(watch.fingerprint())
                 finally:
                     lib._destroy()
-                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+                self.assertEqual(watch.fingerprint(), _keyset.NO_KERNEL)
             self.assertAllDistinct(seen)
 
     @unittest.skipIf(_C is None, NO_CPP_REASON)
     def test_reused_kernel_address_detected(self) -> None:
         """A new kernel at a dead kernel's address (ABA) still changes the fingerprint."""
         assert _C is not None
-        meta = keyset.FAKE_KERNEL_KEYS.index(DispatchKey.Meta)
+        meta = _keyset.FAKE_KERNEL_KEYS.index(DispatchKey.Meta)
         with _scratch_op("w_reuse") as name:
-            watch = _C.KernelWatch(name, [k.value for k in keyset.FAKE_KERNEL_KEYS])
+            watch = _C.KernelWatch(name, [k.value for k in _keyset.FAKE_KERNEL_KEYS])
             by_address: dict[int, int] = {}
             reused = 0
             for _ in range(20):
@@ -453,127 +367,137 @@ class TestKernelWatch(TestCase):
                 "",
                 IMPL_ONLY,
             ):
-                self.assertEqual(keyset.kernel_watch(bad).fingerprint(), keyset.MISSING, bad)
-            watch = keyset.kernel_watch(f"{NS}::w_later")
-            self.assertEqual(watch.fingerprint(), keyset.MISSING)
+                self.assertEqual(_keyset.kernel_watch(bad).fingerprint(), _keyset.MISSING, bad)
+            watch = _keyset.kernel_watch(f"{NS}::w_later")
+            self.assertEqual(watch.fingerprint(), _keyset.MISSING)
             with _scratch_op("w_later"):
-                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+                self.assertEqual(watch.fingerprint(), _keyset.NO_KERNEL)
                 lib = torch.library.Library(NS, "FRAGMENT")
                 try:
                     lib.impl("w_later", _meta_kernel, "Meta")
                     with_kernel = watch.fingerprint()
-                    self.assertNotIn(with_kernel, (keyset.MISSING, keyset.NO_KERNEL))
+                    self.assertNotIn(with_kernel, (_keyset.MISSING, _keyset.NO_KERNEL))
                 finally:
                     lib._destroy()
             # The operator's entry is gone from the dispatcher: a cached
             # handle would dangle here.
-            self.assertEqual(watch.fingerprint(), keyset.MISSING)
+            self.assertEqual(watch.fingerprint(), _keyset.MISSING)
             with _scratch_op("w_later"):
-                self.assertEqual(watch.fingerprint(), keyset.NO_KERNEL)
+                self.assertEqual(watch.fingerprint(), _keyset.NO_KERNEL)
 
     @parametrize("backend", ["cpp", "python"])
     def test_watch_wrong_types(self, backend: str) -> None:
         """kernel_watch takes an OpOverload or a name, like kernel_keys."""
         with _use_backend(backend):
             for bad in (42, None, b"aten::add.Tensor", torch.ops.aten.add):
-                with self.assertRaisesRegex(TypeError, "expected an OpOverload"):
-                    keyset.kernel_watch(bad)  # type: ignore[arg-type]
+                with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api='kernel_watch'))}"):
+                    _keyset.kernel_watch(bad)  # type: ignore[arg-type]
 
     @unittest.skipIf(_C is None, NO_CPP_REASON)
     def test_extension_watch_contract(self) -> None:
         """The C++ watch checks its keys and shares the Python constants."""
         assert _C is not None
-        self.assertEqual((_C.MISSING, _C.NO_KERNEL), (keyset.MISSING, keyset.NO_KERNEL))
+        self.assertEqual((_C.MISSING, _C.NO_KERNEL), (_keyset.MISSING, _keyset.NO_KERNEL))
         for bad in (-1, 1 << 20):
-            with self.assertRaisesRegex(RuntimeError, "KernelWatch: .* not a c10::DispatchKey"):
+            with self.assertRaisesRegex(RuntimeError, rf"^torch_cachepolicy\._C\.KernelWatch: {bad} is not a c10::DispatchKey"):
                 _C.KernelWatch("aten::add.Tensor", [bad])
         # No keys watched: nothing can change, but the schema still counts.
-        self.assertEqual(_C.KernelWatch("aten::add.Tensor", []).fingerprint(), keyset.NO_KERNEL)
-        self.assertEqual(_C.KernelWatch("aten::nope", []).fingerprint(), keyset.MISSING)
+        self.assertEqual(_C.KernelWatch("aten::add.Tensor", []).fingerprint(), _keyset.NO_KERNEL)
+        self.assertEqual(_C.KernelWatch("aten::nope", []).fingerprint(), _keyset.MISSING)
         self.assertExpectedInline(
             repr(_C.KernelWatch("aten::add.Tensor", [])),
             """<torch_cachepolicy._C.KernelWatch 'aten::add.Tensor'>""",
         )
 
 
+@contextlib.contextmanager
+def _fallback_not_yet_warned() -> Iterator[None]:
+    """The extension gone ("because a test") and its once-only warning not given yet, for the duration."""
+    saved = (_native._ext, _native._fallback_reason, _native._warned)
+    try:
+        _native._ext, _native._fallback_reason, _native._warned = None, "a test", False
+        yield
+    finally:
+        _native._ext, _native._fallback_reason, _native._warned = saved
+
+
 class TestFallback(TestCase):
     def test_warns_once_in_process(self) -> None:
-        """With the helper gone, the first query warns and later ones stay quiet."""
-        saved = (native._ext, native._fallback_reason, native._warned)
-        try:
-            native._ext, native._fallback_reason, native._warned = None, "a test", False
-            self.assertEqual(keyset.backend(), "python")
-            with self.assertWarnsRegex(UserWarning, "because a test"):
-                keyset.kernel_keys("aten::add.Tensor")
+        """With the helper gone, the first kernel watch warns and later queries stay quiet; kernel_keys never warns."""
+        with _fallback_not_yet_warned():
+            self.assertEqual(_native.backend(), "python")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                keyset.kernel_keys_many(["aten::linear", "aten::add.Tensor"])
-                keyset.kernel_watch("aten::add.Tensor").fingerprint()
+                _keyset.kernel_keys("aten::add.Tensor")
             self.assertEqual(caught, [])
-        finally:
-            native._ext, native._fallback_reason, native._warned = saved
+            with self.assertWarnsRegex(UserWarning, "because a test"):
+                _keyset.kernel_watch("aten::linear")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _keyset.kernel_keys("aten::linear")
+                _keyset.kernel_watch("aten::add.Tensor").fingerprint()
+            self.assertEqual(caught, [])
 
     def test_warning_states_watch_limits(self) -> None:
-        """The fallback warning says that kernel watches are weaker, not only slower."""
-        saved = (native._ext, native._fallback_reason, native._warned)
-        try:
-            native._ext, native._fallback_reason, native._warned = None, "a test", False
+        """The fallback warning says that kernel fingerprints are weaker, not only slower, and how to get the helper."""
+        with _fallback_not_yet_warned():
             with self.assertWarns(UserWarning) as ctx:
-                watch = keyset.kernel_watch("aten::add.Tensor")
-            self.assertIsInstance(watch, keyset._DumpKernelWatch)
-            message = str(ctx.warning)
-            self.assertIn("kernel_watch", message)
-            self.assertIn("same source line", message)
-        finally:
-            native._ext, native._fallback_reason, native._warned = saved
+                watch = _keyset.kernel_watch("aten::add.Tensor")
+            self.assertIsInstance(watch, _keyset._DumpKernelWatch)
+        self.assertEqual(repr(watch), "<torch_cachepolicy._keyset._DumpKernelWatch 'aten::add.Tensor'>")
+        self.assertExpectedInline(
+            str(ctx.warning),
+            """torch_cachepolicy: using the pure-Python fallbacks because a test. Kernel fingerprints cost microseconds, not a fraction of one, and miss a kernel re-registered from the same source line after its Library was destroyed (they compare registration debug strings, not kernels). Rebuild with `pip install --no-build-isolation -e .` to get the C++ helpers.""",  # noqa: B950
+        )
 
     def test_forced_by_environment(self) -> None:
-        """TORCH_CACHEPOLICY_FORCE_PYTHON=1 at import selects the fallback and warns once."""
+        """TORCH_CACHEPOLICY_FORCE_PYTHON=1 at import selects the fallback; its first kernel watch warns, once."""
         script = textwrap.dedent(
             """
             import json, warnings
             import torch
-            from torch_cachepolicy import keyset
+            from torch_cachepolicy import _keyset, _native
 
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                add = keyset.kernel_keys("aten::add.Tensor")
-                many = keyset.kernel_keys_many(["aten::linear", "aten::relu"])
-                keyset.kernel_keys(torch.ops.aten.mm.default)
-                watch = keyset.kernel_watch("aten::add.Tensor")
+                add = _keyset.kernel_keys("aten::add.Tensor")
+                linear = _keyset.kernel_keys("aten::linear")
+                relu = _keyset.kernel_keys("aten::relu")
+                _keyset.kernel_keys(torch.ops.aten.mm.default)
+                before_watch = len(caught)
+                watch = _keyset.kernel_watch("aten::add.Tensor")
+                _keyset.kernel_watch("aten::linear")
             print(json.dumps({
-                "backend": keyset.backend(),
+                "backend": _native.backend(),
                 "watch": type(watch).__name__,
                 "stable": watch.fingerprint() == watch.fingerprint() > 0,
+                "before_watch": before_watch,
                 "warnings": [str(w.message) for w in caught],
                 "add": sorted(k.name for k in add),
-                "linear": sorted(k.name for k in many[0]),
-                "relu": sorted(k.name for k in many[1]),
+                "linear": sorted(k.name for k in linear),
+                "relu": sorted(k.name for k in relu),
             }))
             """
         )
         env = dict(os.environ, TORCH_CACHEPOLICY_FORCE_PYTHON="1")
         # The checkout must win over any other installed copy.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(testing.REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(testing.REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         result = testing.run_json_script(self, script, env)
         self.assertEqual(result["backend"], "python")
         self.assertEqual(result["watch"], "_DumpKernelWatch")
         self.assertTrue(result["stable"])
+        self.assertEqual(result["before_watch"], 0)
         self.assertEqual(len(result["warnings"]), 1, result["warnings"])
         self.assertIn("TORCH_CACHEPOLICY_FORCE_PYTHON is set", result["warnings"][0])
-        self.assertTrue(
-            {"CPU", "Meta", "Autograd"} <= set(result["add"]), result["add"]
-        )
+        self.assertNotIn("kernel_keys", result["warnings"][0])
+        self.assertTrue({"CPU", "Meta", "Autograd"} <= set(result["add"]), result["add"])
         self.assertIn("CompositeImplicitAutograd", result["linear"])
         self.assertNotIn("CPU", result["linear"])
         self.assertNotIn("CompositeImplicitAutograd", result["relu"])
         self.assertIn("CPU", result["relu"])
 
 
-instantiate_parametrized_tests(TestKeysetParity)
-instantiate_parametrized_tests(TestKeyset)
+instantiate_parametrized_tests(TestKernelKeys)
 instantiate_parametrized_tests(TestKernelWatch)
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 from torch._ops import OpOverload
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _DispatchCacheBypassEntry
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch.fx.experimental.symbolic_shapes import (
@@ -32,7 +33,8 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-import torch_cachepolicy.mode as mode_module
+from torch_cachepolicy import _driver, _key, _verify
+from torch_cachepolicy.report import KeyStats
 
 conv, pair, dyn, size0 = testing.op("conv"), testing.op("pair"), testing.op("dyn"), testing.op("size0")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
@@ -131,7 +133,7 @@ class TestBackendCaching(CachePolicyTestCase):
             conv(x, 1)
             y = torch.empty(1, 2, 6, 6)
             conv(y, 2)
-            tables = list(mode._partition.all_tables())
+            tables = list(mode._cache.partition.all_tables())
             entries = {k.key[-1]: (t, k) for t in tables for k in t if k.key[0] is conv}
             # Swap the two entries' values: each key now answers with the other's shape.
             (t1, k1), (t2, k2) = entries[1], entries[2]
@@ -157,7 +159,7 @@ class TestBackendCaching(CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[conv].hits, 1)
         self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, testing.NS), [])
         self.assertEqual(valid_entries_for_namespace(StockMode.cache, testing.NS), [])
-        self.assertTrue(any(keys_for_namespace(t, testing.NS) for t in mode._partition.all_tables()))
+        self.assertTrue(any(keys_for_namespace(t, testing.NS) for t in mode._cache.partition.all_tables()))
 
     def test_aten_entries_are_shared_with_torch_by_default(self) -> None:
         """aten entries go to torch's storage, exactly as a stock mode would put them."""
@@ -199,10 +201,10 @@ class TestSafety(CachePolicyTestCase):
     @contextmanager
     def naive(self) -> Iterator[None]:
         with (
-            mock.patch.object(mode_module, "check_backend_op", lambda *a, **k: None),
-            mock.patch.object(mode_module, "check_backend_output", lambda *a, **k: None),
-            mock.patch.object(mode_module, "verify_entry", lambda *a, **k: None),
-            mock.patch.object(mode_module, "shape_env_state", lambda shape_env, **kwargs: ()),
+            mock.patch.object(_driver, "check_backend_op", lambda *a, **k: None),
+            mock.patch.object(_driver, "check_backend_output", lambda *a, **k: None),
+            mock.patch.object(_driver, "verify_entry", lambda *a, **k: None),
+            mock.patch.object(_driver, "shape_env_state", lambda shape_env, **kwargs: ()),
         ):
             yield
 
@@ -410,8 +412,8 @@ class TestVerification(CachePolicyTestCase):
     def unverified(self) -> Iterator[None]:
         """The naive opt-in: entries as torch builds them, nothing compared."""
         with (
-            mock.patch.object(mode_module, "verify_entry", lambda *a, **k: None),
-            mock.patch.object(mode_module.InputSnapshot, "changed", lambda self: None),
+            mock.patch.object(_driver, "verify_entry", lambda *a, **k: None),
+            mock.patch.object(_verify.InputSnapshot, "changed", lambda self: None),
         ):
             yield
 
@@ -536,6 +538,97 @@ class TestVerification(CachePolicyTestCase):
         self.assertBypassed(
             mode, torch.ops.tcp_verify.outer.default, "its kernel dispatches an op the policy denies", 3
         )
+
+
+def change_policy_state(mode: tcp.FakeTensorMode, policy: tcp.CachePolicy, step: str) -> None:
+    """Clears ``mode``, gives it a new policy, or changes its policy's rules in place."""
+    if step == "cache_clear":
+        mode.cache_clear()
+    elif step == "new_policy":
+        mode.cache_policy = testing.backend_policy()
+    else:
+        policy.register_namespace(testing.NS)
+
+
+def entries_in_torch_storage(op: OpOverload) -> int:
+    """How many entries torch's class-wide cache holds for ``op``."""
+    return sum(1 for k in list(StockMode.cache) if k.key[0] is op)
+
+
+STEPS = ["cache_clear", "new_policy", "rule_change"]
+
+
+class TestRejectedOpsStayPrivate(CachePolicyTestCase):
+    """Note [Entries that must reproduce aliasing]: an op whose entry failed
+    verification once keeps its entries in the mode's store for the mode's life."""
+
+    @parametrize("step", STEPS)
+    def test_entries_stay_out_of_torch_storage(self, step: str) -> None:
+        """After one rejected entry, an aten op's later entries go to the store, not torch's, also after the step."""
+        op = torch.ops.aten.cosh.default
+        real_verify = _driver.verify_entry
+        rejected: list[object] = []
+
+        def reject_once(mode: Any, state: Any, entry: Any, key: Any, func: Any, *rest: Any) -> None:
+            if func is op and not rejected:
+                rejected.append(op)
+                raise _BypassDispatchCache("rejected by the test")
+            real_verify(mode, state, entry, key, func, *rest)
+
+        policy = tcp.CachePolicy()
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        x = mode.from_tensor(torch.empty(testing.fresh_size()))
+        with mock.patch.object(_driver, "verify_entry", reject_once), mode:
+            op(x)
+        self.assertBypassed(mode, op, "rejected by the test", 1)
+        self.assertIn(op, mode._cache.private_ops)
+        first_route = mode._cache.route(op)
+        self.assertTrue(first_route.private)
+
+        change_policy_state(mode, policy, step)
+        before = entries_in_torch_storage(op)
+        y = mode.from_tensor(torch.empty(testing.fresh_size()))
+        with mode:
+            op(y)
+            op(y)
+        route = mode._cache.route(op)
+        self.assertIsNot(route, first_route)  # made afresh by the step, and private all the same
+        self.assertTrue(route.private)
+        self.assertIn(op, mode._cache.private_ops)
+        self.assertEqual(entries_in_torch_storage(op), before)
+        in_store = [k for t in mode._cache.partition.all_tables() for k in t if k.key[0] is op]
+        self.assertEqual(len(in_store), 1)
+        report = mode.cache_report()[op]
+        self.assertEqual((report.hits, report.misses), (1, 1))
+        # Control: a mode that never rejected the op shares its entry with torch's storage.
+        control = tcp.FakeTensorMode()
+        with control:
+            op(control.from_tensor(torch.empty(testing.fresh_size())))
+        self.assertFalse(control._cache.route(op).private)
+        self.assertEqual(entries_in_torch_storage(op), before + 1)
+
+    @parametrize("step", STEPS)
+    def test_stale_stock_entry_is_not_read(self, step: str) -> None:
+        """aten.resize's hit would shrink the storage: after the step the mode still misses instead of reading stock's entry."""
+        op = torch.ops.aten.resize.default
+        n, m = testing.fresh_size(), testing.fresh_size()
+        policy = tcp.CachePolicy()
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            op(torch.empty(m), [2])
+        self.assertBypassed(mode, op, "a hit would differ in storage size", 1)
+        self.assertIn(op, mode._cache.private_ops)
+        # A stock mode caches the same call in torch's storage; its hit replays a storage of the new size.
+        with StockMode():
+            stock = [op(torch.empty(n), [2]).untyped_storage().nbytes() for _ in range(2)]
+        self.assertEqual(stock, [4 * n, 8])
+
+        change_policy_state(mode, policy, step)
+        with mode:
+            ours = [op(torch.empty(n), [2]).untyped_storage().nbytes() for _ in range(2)]
+        self.assertEqual(ours, [4 * n, 4 * n])
+        self.assertEqual(mode.cache_report()[op].hits, 0)
+        self.assertTrue(mode._cache.route(op).private)
 
 
 class TestIsolation(CachePolicyTestCase):
@@ -988,8 +1081,8 @@ class TestLifetime(CachePolicyTestCase):
         self.assertEqual([r() for r in refs], [None, None])
 
     def test_store_does_not_hold_shape_env(self) -> None:
-        """A store's symbolic entries never reach their ShapeEnv (torch's own
-        lru caches keep ShapeEnvs alive, so reachability is what we can test)."""
+        """A store's symbolic entries never reach their ShapeEnv."""
+        # torch's own lru caches keep ShapeEnvs alive, so reachability is what we can test.
         store = tcp.CacheStore()
         shape_env = ShapeEnv()
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env, cache_store=store)
@@ -1004,51 +1097,6 @@ class TestLifetime(CachePolicyTestCase):
 
 def _make(kind: str) -> Any:
     return StockMode() if kind == "stock" else tcp.FakeTensorMode()
-
-
-class TestDirectHitPath(CachePolicyTestCase):
-    """Note [Entering the hit path directly]: stock's dispatch preamble is skipped only when it would do nothing."""
-
-    def calls_through_stock_dispatch(self, calls: int) -> int:
-        """How many of ``calls`` relu dispatches went through stock FakeTensorMode.dispatch."""
-        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-        x = mode.from_tensor(torch.zeros(3, 5))
-        with mock.patch.object(StockMode, "dispatch", autospec=True, side_effect=StockMode.dispatch) as stock:
-            with mode:
-                for _ in range(calls):
-                    torch.ops.aten.relu.default(x)
-        self.assertHitsMisses(mode, calls - 1, 1)
-        return sum(1 for c in stock.call_args_list if c.args[1] is torch.ops.aten.relu.default)
-
-    def test_supported_torch_takes_it(self) -> None:
-        """On the supported torch releases stock's dispatch uses exactly the expected names."""
-        self.assertTrue(mode_module._DIRECT_HIT_PATH)
-
-    def test_routed_op_skips_stock_dispatch(self) -> None:
-        """Only the first call of an op goes through stock dispatch; the hits after it do not."""
-        self.assertEqual(self.calls_through_stock_dispatch(4), 1)
-
-    def test_changed_stock_dispatch_keeps_stock_path(self) -> None:
-        """A torch whose dispatch does something else (other names) gets every call."""
-        with mock.patch.object(mode_module, "_DIRECT_HIT_PATH", False):
-            self.assertEqual(self.calls_through_stock_dispatch(4), 4)
-
-    def test_debug_logging_keeps_stock_path(self) -> None:
-        """With FakeTensor DEBUG logging on, every call goes through stock dispatch, which logs it."""
-        with self.assertLogs("torch._subclasses.fake_tensor", level="DEBUG") as logs:
-            self.assertEqual(self.calls_through_stock_dispatch(3), 3)
-        self.assertEqual(sum("__torch_dispatch__: aten.relu.default" in line for line in logs.output), 3)
-
-    def test_directly_handled_op_keeps_stock_path(self) -> None:
-        """An op stock serves itself (a table entry added at runtime) is never sent to the cache."""
-        op = torch.ops.aten.relu.default
-        with mock.patch.dict(mode_module._HANDLE_DIRECTLY, {op: None}):
-            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-            mode._routes[op] = mode._route(op)  # as if routed before the table changed
-            x = mode.from_tensor(torch.zeros(3, 5))
-            with mode:
-                torch.ops.aten.relu.default(x)
-            self.assertEqual(mode.cache_info().hits + mode.cache_info().misses, 0)
 
 
 class TestDropIn(TestCase):
@@ -1069,17 +1117,24 @@ class TestDropIn(TestCase):
         super().setUp()
         self._base = testing.stock_info()
 
-    def _key_differs(self, fm: Any, x: Any, y: Any, z: Any) -> None:
-        from torch._subclasses._fake_tensor_utils import _CacheKeyState
-
+    def _key(self, kind: str, fm: Any, arg: Any, stats: KeyStats) -> Any:
+        """The key of ``aten.add.Tensor(arg)``: torch's for stock, the package's (checked equal to torch's) for policy."""
         func = torch.ops.aten.add.Tensor
-        state = _CacheKeyState()
-        self.assertEqual(fm._cache_key(state, func, [x], {}), fm._cache_key(state, func, [y], {}))
-        self.assertNotEqual(fm._cache_key(state, func, [x], {}), fm._cache_key(state, func, [z], {}))
+        expected = StockMode._cache_key(fm, _CacheKeyState(fm.shape_env), func, [arg], {})
+        if kind == "stock":
+            return expected
+        key = _key.cache_key(fm, _CacheKeyState(fm.shape_env), func, [arg], {}, stats)
+        self.assertEqual((key, hash(key)), (expected, hash(expected)))
+        return key
+
+    def _key_differs(self, kind: str, fm: Any, stats: KeyStats, x: Any, y: Any, z: Any) -> None:
+        self.assertEqual(self._key(kind, fm, x, stats), self._key(kind, fm, y, stats))
+        self.assertNotEqual(self._key(kind, fm, x, stats), self._key(kind, fm, z, stats))
 
     @parametrize("kind", ["stock", "policy"])
     def test_cache_key_metadata(self, kind: str) -> None:
-        """Keys differ in dtype, shape, stride, memory format, offset, grad and constants."""
+        """Keys differ in dtype, shape, stride, memory format, offset, grad and scalar type; the package's are torch's."""
+        stats = KeyStats()
         with _make(kind) as fm:
             cases: list[tuple[Callable[[], Any], Callable[[], Any]]] = [
                 (lambda: torch.empty(4, 3, dtype=torch.float16), lambda: torch.empty(4, 3)),
@@ -1090,8 +1145,14 @@ class TestDropIn(TestCase):
                 (lambda: torch.empty(4, 3), lambda: torch.empty(4, 3, requires_grad=True)),
             ]
             for same, other in cases:
-                self._key_differs(fm, same(), same(), other())
-            self._key_differs(fm, 1.0, 1.0, 1)
+                self._key_differs(kind, fm, stats, same(), same(), other())
+            self._key_differs(kind, fm, stats, 1.0, 1.0, 1)
+        if kind == "policy":
+            # 7 cases, 4 keys each: every one built by the C++ builder, or (without it) every one torch's.
+            if _key._builder is not None:
+                self.assertEqual((stats.built, dict(stats.fallbacks)), (28, {}))
+            else:
+                self.assertEqual((stats.built, dict(stats.fallbacks)), (0, {_key.NO_BUILDER: 28}))
 
     @parametrize("kind", ["stock", "policy"])
     def test_cache_hit(self, kind: str) -> None:
@@ -1200,6 +1261,7 @@ instantiate_parametrized_tests(TestDropIn)
 instantiate_parametrized_tests(TestOwnerDeclarations)
 instantiate_parametrized_tests(TestSafety)
 instantiate_parametrized_tests(TestVerification)
+instantiate_parametrized_tests(TestRejectedOpsStayPrivate)
 instantiate_parametrized_tests(TestHigherOrderOps)
 
 

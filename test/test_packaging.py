@@ -6,8 +6,8 @@ The wheel is built once per run with ``pip wheel --no-build-isolation
 and in-place ``_C`` are neither reused nor overwritten). By default the build
 runs with ``USE_CPP=0``: it then takes seconds instead of the ~40 s the C++
 helper needs, and the wheel must not hold ``_C``.
-``TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1`` (``make test-wheel``, part of ``make
-test``) builds the helper and requires ``_C`` in the wheel.
+``TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1`` (``make test-wheel``, not part of
+``make test``) builds the helper and requires ``_C`` in the wheel.
 """
 
 from __future__ import annotations
@@ -57,10 +57,44 @@ def build_wheel(out: pathlib.Path, *, with_cpp: bool) -> pathlib.Path:
     return wheel
 
 
-def library_files() -> set[str]:
-    """The files the wheel must ship: every module of the package, and py.typed."""
-    found = {f"torch_cachepolicy/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*.py")}
-    return {f for f in found if "__pycache__" not in f} | {"torch_cachepolicy/py.typed"}
+# What the wheel must ship besides its metadata and (when built) _C: the modules of the two packages setup.py's
+# find_packages() names (torch_cachepolicy, torch_cachepolicy.recipes) and its package_data (py.typed). The C++
+# sources (csrc/, its headers included) stay in the repository: the wheel holds the built _C only.
+LIBRARY_FILES = frozenset(
+    f"torch_cachepolicy/{name}"
+    for name in (
+        "__init__.py",
+        "_arguments.py",
+        "_class_api.py",
+        "_compat.py",
+        "_deps.py",
+        "_driver.py",
+        "_fakes.py",
+        "_kernels.py",
+        "_key.py",
+        "_key_extension.py",
+        "_keyset.py",
+        "_names.py",
+        "_native.py",
+        "_reasons.py",
+        "_routes.py",
+        "_rules.py",
+        "_state.py",
+        "_symbols.py",
+        "_synth.py",
+        "_verify.py",
+        "adopt.py",
+        "export.py",
+        "mode.py",
+        "policy.py",
+        "py.typed",
+        "recipes/__init__.py",
+        "recipes/executorch.py",
+        "report.py",
+        "store.py",
+        "version.py",
+    )
+)
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -103,8 +137,12 @@ class TestWheel(TestCase):
         """Outside its metadata the wheel holds exactly the package's modules, py.typed and (when built) _C."""
         shipped = {n for n in self.names if ".dist-info/" not in n}
         extension = {n for n in shipped if n.startswith("torch_cachepolicy/_C") and n.endswith(".so")}
-        self.assertEqual(shipped - extension, library_files())
+        self.assertEqual(sorted(shipped - extension), sorted(LIBRARY_FILES))
         self.assertEqual(len(extension), 1 if WITH_CPP else 0, sorted(extension))
+
+    def test_no_sources_of_the_extension(self) -> None:
+        """csrc/ (its .cpp files and headers such as operator_entry_access.h) is not in the wheel."""
+        self.assertEqual(sorted(n for n in self.names if n.startswith("csrc/") or n.endswith((".cpp", ".h"))), [])
 
     def test_no_benchmarks_or_tests(self) -> None:
         """benchmarks/ (with the global-patch baseline) and test/ stay in the repository."""
@@ -143,6 +181,19 @@ typing-extensions>=4.4""",
         (torch_req,) = (r for r in build["requires"] if r.startswith("torch"))
         (runtime,) = (r for r in self.metadata.get_all("Requires-Dist") or [] if r.startswith("torch"))
         self.assertEqual(set(torch_req.removeprefix("torch").split(",")), set(runtime.removeprefix("torch").split(",")))
+
+
+class TestLayout(TestCase):
+    """The repository's package directory against what the wheel must ship."""
+
+    def test_package_directory_holds_the_library(self) -> None:
+        """torch_cachepolicy/ holds exactly LIBRARY_FILES (plus the in-place _C and caches), so none goes unshipped."""
+        found = {
+            f"torch_cachepolicy/{p.relative_to(PACKAGE).as_posix()}"
+            for p in PACKAGE.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not (p.parent == PACKAGE and p.name.startswith("_C."))
+        }
+        self.assertEqual(sorted(found), sorted(LIBRARY_FILES))
 
 
 class TestImports(TestCase):

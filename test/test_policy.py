@@ -19,7 +19,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy.policy import unhashable_part
+from torch_cachepolicy._names import unhashable_part
 
 conv = testing.op("conv")
 add = torch.ops.aten.add.Tensor
@@ -312,10 +312,10 @@ class TestCopy(TestCase):
                 pickle.dumps(policy)
             lines.append(f"{name}: {caught.exception}")
         self.assertExpectedInline("\n".join(lines), """\
-predicate=lambda: CachePolicy: cannot pickle the predicate <lambda>, a lambda in TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-context_key=local function: CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-context_key=partial(local function): CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-local subclass: CachePolicy: cannot pickle a LocalPolicy, a class defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; define the subclass at module level""")
+predicate=lambda: torch_cachepolicy.CachePolicy: cannot pickle the predicate <lambda>, a lambda in TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=local function: torch_cachepolicy.CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=partial(local function): torch_cachepolicy.CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+local subclass: torch_cachepolicy.CachePolicy: cannot pickle a LocalPolicy, a class defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; define the subclass at module level""")
 
 
 class TestBadInput(TestCase):
@@ -337,7 +337,11 @@ class TestBadInput(TestCase):
     @parametrize(
         "ns, error, message",
         [
-            ("tosa::", ValueError, r"CachePolicy.register_namespace\(...\): 'tosa::' is not a namespace; pass 'tosa'"),
+            (
+                "tosa::",
+                ValueError,
+                r"^torch_cachepolicy\.CachePolicy\.register_namespace\(\.\.\.\): 'tosa::' is not a namespace; pass 'tosa'$",
+            ),
             ("", ValueError, r"'' is not a namespace"),
             ("tosa.ops", ValueError, r"'tosa.ops' is not a namespace"),
             (None, TypeError, r"expected a namespace string or a torch.library.Library, got None$"),
@@ -355,7 +359,7 @@ class TestBadInput(TestCase):
             ("tcp_test::nope", ValueError, r"no operator tcp_test::nope is registered"),
             ("tcp_test::conv.nope", ValueError, r"tcp_test::conv has no overload 'nope'"),
             ("conv", ValueError, r"'conv' is not an operator name; pass 'ns::name'"),
-            (None, TypeError, r"CachePolicy.register_op\(...\): expected an OpOverload.*got None$"),
+            (None, TypeError, r"^torch_cachepolicy\.CachePolicy\.register_op\(\.\.\.\): expected an OpOverload.*got None$"),
             (len, TypeError, r"got builtin_function_or_method"),
             (torch.ops.higher_order.cond, TypeError, r"higher-order operators are cached by torch's own rules"),
         ],
@@ -415,77 +419,77 @@ class TestBadInput(TestCase):
             lib._destroy()
         self.assertExpectedInline(report, """\
 P(namespaces=None)
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got None; pass namespaces=[] or leave it out
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got None; pass namespaces=[] or leave it out
 P(namespaces=5)
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got int
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got int
 P(namespaces='tosa')
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: namespaces=['tosa']
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: namespaces=['tosa']
 P(namespaces=b'tosa')
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got bytes
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got bytes
 P(namespaces=lib)
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the torch.library.Library of 'tcp_test'; wrap it: namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got the torch.library.Library of 'tcp_test'; wrap it: namespaces=['tcp_test']
 P(namespaces=ops.tcp_test)
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the operator namespace torch.ops.tcp_test; wrap it: namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got the operator namespace torch.ops.tcp_test; wrap it: namespaces=['tcp_test']
 P(namespaces=ops.aten.relu)
-    -> TypeError: CachePolicy(namespaces=...): expected a list of namespaces, got the OpOverloadPacket aten::relu; to cache single operators pass allow=[torch.ops.aten.relu]
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): expected a list of namespaces, got the OpOverloadPacket aten::relu; to cache single operators pass allow=[torch.ops.aten.relu]
 P(namespaces=['tosa', 3])
-    -> TypeError: CachePolicy(namespaces=...): element [1]: expected a namespace string or a torch.library.Library, got int
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): element [1]: expected a namespace string or a torch.library.Library, got int
 P(namespaces=[ops.tcp_test])
-    -> TypeError: CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
 P(namespaces=[ops.aten.relu.default])
-    -> TypeError: CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
+    -> TypeError: torch_cachepolicy.CachePolicy(namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
 P(namespaces=['tosa::'])
-    -> ValueError: CachePolicy(namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'
+    -> ValueError: torch_cachepolicy.CachePolicy(namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'
 P(include_builtins='yes')
-    -> TypeError: CachePolicy(include_builtins=...): expected True or False, got the string 'yes'
+    -> TypeError: torch_cachepolicy.CachePolicy(include_builtins=...): expected True or False, got the string 'yes'
 P(include_builtins=None)
-    -> TypeError: CachePolicy(include_builtins=...): expected True or False, got None
+    -> TypeError: torch_cachepolicy.CachePolicy(include_builtins=...): expected True or False, got None
 P(allow=None)
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got None; pass allow=[] or leave it out
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got None; pass allow=[] or leave it out
 P(allow='ns::op')
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the string 'ns::op'; wrap it: allow=['ns::op']
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the string 'ns::op'; wrap it: allow=['ns::op']
 P(allow=ops.tcp_test)
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
 P(allow=custom)
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the custom_op tcp_test::custom_double; wrap it: allow=[torch.ops.tcp_test.custom_double.default]
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the custom_op tcp_test::custom_double; wrap it: allow=[torch.ops.tcp_test.custom_double.default]
 P(allow=ops.higher_order.cond)
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
 P(allow=3)
-    -> TypeError: CachePolicy(allow=...): expected a list of operators, got int
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got int
 P(allow=['ns::op'])
-    -> ValueError: CachePolicy(allow=...): element [0]: no operator ns::op is registered; define it (or import the module that defines it) before naming it in a policy
+    -> ValueError: torch_cachepolicy.CachePolicy(allow=...): element [0]: no operator ns::op is registered; define it (or import the module that defines it) before naming it in a policy
 P(allow=[ops.aten.relu, [ops.aten.add]])
-    -> TypeError: CachePolicy(allow=...): element [1]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): element [1]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list
 P(allow=[lib])
-    -> TypeError: CachePolicy(allow=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the torch.library.Library of 'tcp_test'; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the torch.library.Library of 'tcp_test'; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
 P(deny=ops.aten.relu)
-    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the OpOverloadPacket aten::relu; wrap it: deny=[torch.ops.aten.relu]
+    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): expected a list of operators, got the OpOverloadPacket aten::relu; wrap it: deny=[torch.ops.aten.relu]
 P(deny=ops.aten.relu.default)
-    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the OpOverload aten::relu.default; wrap it: deny=[torch.ops.aten.relu.default]
+    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): expected a list of operators, got the OpOverload aten::relu.default; wrap it: deny=[torch.ops.aten.relu.default]
 P(deny=ops.aten)
-    -> TypeError: CachePolicy(deny=...): expected a list of operators, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
+    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): expected a list of operators, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
 P(deny=[ops.higher_order.cond])
-    -> TypeError: CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
 P(deny=['aten::no_such_op'])
-    -> ValueError: CachePolicy(deny=...): element [0]: no operator aten::no_such_op is registered; define it (or import the module that defines it) before naming it in a policy
+    -> ValueError: torch_cachepolicy.CachePolicy(deny=...): element [0]: no operator aten::no_such_op is registered; define it (or import the module that defines it) before naming it in a policy
 P(predicate=True)
-    -> TypeError: CachePolicy(predicate=...): expected a function f(op) -> bool or None, got True
+    -> TypeError: torch_cachepolicy.CachePolicy(predicate=...): expected a function f(op) -> bool or None, got True
 P(predicate=ops.aten.relu.default)
-    -> TypeError: CachePolicy(predicate=...): expected a function f(op) -> bool or None, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
+    -> TypeError: torch_cachepolicy.CachePolicy(predicate=...): expected a function f(op) -> bool or None, got the OpOverload aten::relu.default; to cache single operators pass allow=[torch.ops.aten.relu.default]
 P(context_key='TOSA-1.0+INT')
-    -> TypeError: CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the string 'TOSA-1.0+INT'
+    -> TypeError: torch_cachepolicy.CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the string 'TOSA-1.0+INT'
 P(context_key=ops.aten.relu)
-    -> TypeError: CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the OpOverloadPacket aten::relu
+    -> TypeError: torch_cachepolicy.CachePolicy(context_key=...): expected a function f() -> Hashable or None, got the OpOverloadPacket aten::relu
 P(context_namespaces=5)
-    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got int
+    -> TypeError: torch_cachepolicy.CachePolicy(context_namespaces=...): expected a list of namespaces, got int
 P(context_namespaces='tosa')
-    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: context_namespaces=['tosa']
+    -> TypeError: torch_cachepolicy.CachePolicy(context_namespaces=...): expected a list of namespaces, got the string 'tosa'; wrap it: context_namespaces=['tosa']
 P(context_namespaces=conv)
-    -> TypeError: CachePolicy(context_namespaces=...): expected a list of namespaces, got the OpOverload tcp_test::conv.default; pass its namespace: context_namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(context_namespaces=...): expected a list of namespaces, got the OpOverload tcp_test::conv.default; pass its namespace: context_namespaces=['tcp_test']
 P(context_namespaces=[custom])
-    -> TypeError: CachePolicy(context_namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the custom_op tcp_test::custom_double; pass its namespace: context_namespaces=['tcp_test']
+    -> TypeError: torch_cachepolicy.CachePolicy(context_namespaces=...): element [0]: expected a namespace string or a torch.library.Library, got the custom_op tcp_test::custom_double; pass its namespace: context_namespaces=['tcp_test']
 P(context_namespaces=['tosa::'])
-    -> ValueError: CachePolicy(context_namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'""")
+    -> ValueError: torch_cachepolicy.CachePolicy(context_namespaces=...): element [0]: 'tosa::' is not a namespace; pass 'tosa'""")
 
     def test_method_arguments(self) -> None:
         """Each method argument of the wrong type names the method and what to pass."""
@@ -508,29 +512,29 @@ P(context_namespaces=['tosa::'])
         )
         self.assertExpectedInline(report, """\
 P().register_namespace(['tosa', 'cortex_m'])
-    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got list; call register_namespace once per namespace
+    -> TypeError: torch_cachepolicy.CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got list; call register_namespace once per namespace
 P().register_namespace(ops.tcp_test)
-    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
+    -> TypeError: torch_cachepolicy.CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the operator namespace torch.ops.tcp_test; pass its name: 'tcp_test'
 P().register_namespace(ops.aten.relu)
-    -> TypeError: CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the OpOverloadPacket aten::relu; to cache one operator use register_op(torch.ops.aten.relu)
+    -> TypeError: torch_cachepolicy.CachePolicy.register_namespace(...): expected a namespace string or a torch.library.Library, got the OpOverloadPacket aten::relu; to cache one operator use register_op(torch.ops.aten.relu)
 P().register_op([conv])
-    -> TypeError: CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list; call register_op once per operator
+    -> TypeError: torch_cachepolicy.CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list; call register_op once per operator
 P().register_op(ops.tcp_test)
-    -> TypeError: CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' use register_namespace('tcp_test')
+    -> TypeError: torch_cachepolicy.CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' use register_namespace('tcp_test')
 P().deny(op for op in [conv])
-    -> TypeError: CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got generator; call deny once per operator
+    -> TypeError: torch_cachepolicy.CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got generator; call deny once per operator
 P().deny(ops.aten)
-    -> TypeError: CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
+    -> TypeError: torch_cachepolicy.CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
 P().decide(ops.aten.add)
-    -> TypeError: CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got the OpOverloadPacket aten::add; pick one of its overloads, e.g. torch.ops.aten.add.Tensor
+    -> TypeError: torch_cachepolicy.CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got the OpOverloadPacket aten::add; pick one of its overloads, e.g. torch.ops.aten.add.Tensor
 P().decide([conv])
-    -> TypeError: CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got list
+    -> TypeError: torch_cachepolicy.CachePolicy.decide(...): expected an OpOverload (torch.ops.ns.name.overload), got list
 P().is_cacheable(custom)
-    -> TypeError: CachePolicy.is_cacheable(...): expected an OpOverload (torch.ops.ns.name.overload), got the custom_op tcp_test::custom_double; pass its overload, torch.ops.tcp_test.custom_double.default
+    -> TypeError: torch_cachepolicy.CachePolicy.is_cacheable(...): expected an OpOverload (torch.ops.ns.name.overload), got the custom_op tcp_test::custom_double; pass its overload, torch.ops.tcp_test.custom_double.default
 P().explain('tcp_test::conv.default')
-    -> TypeError: CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the string 'tcp_test::conv.default'
+    -> TypeError: torch_cachepolicy.CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the string 'tcp_test::conv.default'
 P().explain(ops.higher_order.cond)
-    -> TypeError: CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy""")
+    -> TypeError: torch_cachepolicy.CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy""")
 
     def test_generators_are_read_once(self) -> None:
         """Any iterable works, a generator included: it is read once, checked and stored."""
@@ -552,9 +556,17 @@ P().explain(ops.higher_order.cond)
         def boom(op: Any) -> bool:
             raise KeyError("x")
 
-        with self.assertRaisesRegex(RuntimeError, r"the predicate .*boom.* raised for tcp_test.conv.default"):
+        with self.assertRaisesRegex(
+            RuntimeError,
+            r"^torch_cachepolicy\.CachePolicy\(predicate=\.\.\.\): the predicate .*boom.* raised for "
+            r"tcp_test\.conv\.default: KeyError\('x'\); make it return True or False for every operator$",
+        ):
             tcp.CachePolicy(predicate=boom).decide(conv)
-        with self.assertRaisesRegex(TypeError, r"returned int for tcp_test.conv.default; it must return a Python bool"):
+        with self.assertRaisesRegex(
+            TypeError,
+            r"^torch_cachepolicy\.CachePolicy\(predicate=\.\.\.\): the predicate .* returned int for "
+            r"tcp_test\.conv\.default; make it return a Python bool$",
+        ):
             tcp.CachePolicy(predicate=lambda op: 1).decide(conv)  # type: ignore[arg-type,return-value]
 
     def test_context_key_errors(self) -> None:
@@ -563,8 +575,19 @@ P().explain(ops.higher_order.cond)
             raise ValueError("no spec")
 
         for hook, error, message in (
-            (raising, RuntimeError, r"context_key\(\) raised while dispatching tcp_test.conv.default"),
-            (lambda: [1], TypeError, r"returned an unhashable list while dispatching tcp_test.conv.default"),
+            (
+                raising,
+                RuntimeError,
+                r"^torch_cachepolicy\.CachePolicy\.context_key\(\): raised ValueError\('no spec'\) while dispatching "
+                r"tcp_test\.conv\.default; it must return a value in every context the policy's modes dispatch a "
+                r"backend operator in$",
+            ),
+            (
+                lambda: [1],
+                TypeError,
+                r"^torch_cachepolicy\.CachePolicy\.context_key\(\): returned an unhashable list while dispatching "
+                r"tcp_test\.conv\.default: the value is a list; return a hashable value such as a tuple or a string$",
+            ),
         ):
             mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[testing.NS], context_key=hook))
             with mode, self.assertRaisesRegex(error, message):
@@ -619,20 +642,23 @@ P().explain(ops.higher_order.cond)
         ):
             with self.assertRaises(TypeError) as ctx:
                 call(**kwargs)
-            messages.append(str(ctx.exception).replace(entry, "<entry>", 1))
+            api = "torch_cachepolicy." + entry.removeprefix("torch_cachepolicy.")
+            messages.append(str(ctx.exception).replace(f"{api}(", "torch_cachepolicy.<entry>(", 1))
         self.assertExpectedInline(
             "\n".join(messages),
             """\
-<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got list; build one from namespaces: CachePolicy(namespaces=[...])
-<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got torch_cachepolicy.store.CacheStore; pass a CacheStore as cache_store=...
-<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got dict
-<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got torch_cachepolicy.policy.CachePolicy; pass a CachePolicy as cache_policy=...
-<entry>(cache_crosscheck=...): expected True, False or None, got the string 'on'""",
+torch_cachepolicy.<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got list; build one from namespaces: CachePolicy(namespaces=[...])
+torch_cachepolicy.<entry>(cache_policy=...): expected a torch_cachepolicy.CachePolicy or None, got torch_cachepolicy.store.CacheStore; pass a CacheStore as cache_store=...
+torch_cachepolicy.<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got dict
+torch_cachepolicy.<entry>(cache_store=...): expected a torch_cachepolicy.CacheStore or None, got torch_cachepolicy.policy.CachePolicy; pass a CachePolicy as cache_policy=...
+torch_cachepolicy.<entry>(cache_crosscheck=...): expected True, False or None, got the string 'on'""",
         )
 
     def test_store_arguments(self) -> None:
         """CacheStore validates its own keyword argument."""
-        with self.assertRaisesRegex(TypeError, r"CacheStore\(isolated=...\): expected a bool"):
+        with self.assertRaisesRegex(
+            TypeError, r"^torch_cachepolicy\.CacheStore\(isolated=\.\.\.\): expected True or False, got int$"
+        ):
             tcp.CacheStore(isolated=1)  # type: ignore[arg-type]
 
 

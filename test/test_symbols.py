@@ -18,8 +18,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import symbols
-from torch_cachepolicy.symbols import knowledge
+from torch_cachepolicy import _reasons
+from torch_cachepolicy._symbols import knowledge
 
 NS = "tcp_symbols"
 OPS = testing.CountedOps(NS)
@@ -170,7 +170,7 @@ class TestSymbols(TestCase):
                     seen.append((str(out.shape), out.shape[0].node.shape_env is env, bool(out.shape[0] > 5)))
             if cache:
                 self.assertEqual(
-                    mode.cache_report()[OPS.op("doubles")].bypasses, {symbols.UNKNOWN_SYMBOL: 2}
+                    mode.cache_report()[OPS.op("doubles")].bypasses, {_reasons.UNKNOWN_SYMBOL: 2}
                 )
             return seen, [[str(g.expr) for g in env.guards] for env in [*envs, mode.shape_env]]
 

@@ -178,7 +178,7 @@ class _Supported(TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        minor = _compat._torch_minor(TORCH_VERSION)
+        minor = _compat.torch_minor(TORCH_VERSION)
         if minor is None or not _compat._LOWER <= minor < _compat._UPPER:
             raise unittest.SkipTest(
                 f"the series is kept applying to torch{_compat.SUPPORTED_TORCH}; torch {TORCH_VERSION} is installed"

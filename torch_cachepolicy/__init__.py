@@ -14,12 +14,12 @@ from torch_cachepolicy._compat import check_torch_internals
 
 check_torch_internals()
 
+from torch_cachepolicy._verify import CrosscheckError  # noqa: E402
 from torch_cachepolicy.adopt import adopt  # noqa: E402
 from torch_cachepolicy.export import export  # noqa: E402
 from torch_cachepolicy.mode import FakeTensorMode  # noqa: E402
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
 from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
-from torch_cachepolicy.safety import CrosscheckError  # noqa: E402
 from torch_cachepolicy.store import CacheStore  # noqa: E402
 from torch_cachepolicy.version import __version__ as __version__  # noqa: E402
 

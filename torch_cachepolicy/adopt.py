@@ -1,10 +1,7 @@
 """``adopt``: move an exported program onto a policy ``FakeTensorMode``.
 
-Exporters build the FakeTensorMode themselves: ``torch.export`` creates a
-stock mode, and every later ExportPass and ``run_decompositions`` reuses the
-mode of the FakeTensors in the program's node metadata. ``adopt`` replaces
-those values with identical FakeTensors of a :class:`FakeTensorMode`, so every
-later pass runs, and caches, under that mode's policy.
+``torch.export`` creates a stock mode, and later ExportPasses and ``run_decompositions`` reuse the mode of the
+FakeTensors in the node metadata; after ``adopt`` they run, and cache, under the policy mode.
 
 Example::
 
@@ -27,19 +24,17 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torch_cachepolicy._compat import is_fake_tensor
-from torch_cachepolicy.arguments import check_cache_arguments
+from torch_cachepolicy._arguments import check_cache_arguments
+from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
-from torch_cachepolicy.safety import storage_id
 from torch_cachepolicy.store import CacheStore
 
 __all__ = ["adopt"]
 
-_API = "adopt(...)"
+_API = "torch_cachepolicy.adopt(...)"
 
-# Settings of the original mode the new one inherits, with how to read them
-# back from a mode. `export` only lives on the mode's converter.
+# Settings the new mode inherits, and how to read each from a mode (`export` lives on its converter).
 _INHERITED: dict[str, Callable[[_ft.FakeTensorMode], object]] = {
     "allow_fallback_kernels": lambda m: m.allow_fallback_kernels,
     "allow_non_fake_inputs": lambda m: m.allow_non_fake_inputs,
@@ -47,8 +42,7 @@ _INHERITED: dict[str, Callable[[_ft.FakeTensorMode], object]] = {
     "static_shapes": lambda m: m.static_shapes,
     "export": lambda m: m.fake_tensor_converter.export,
 }
-# Every keyword torch_cachepolicy.FakeTensorMode takes besides policy and store.
-_MODE_KWARGS = frozenset(_INHERITED) | {"cache_crosscheck"}
+_MODE_KWARGS = frozenset(_INHERITED) | {"cache_crosscheck"}  # FakeTensorMode's keywords but policy and store
 
 
 @dataclass(frozen=True)
@@ -69,62 +63,37 @@ def adopt(
 ) -> FakeTensorMode:
     """Moves a traced program onto a :class:`torch_cachepolicy.FakeTensorMode`.
 
-    Finds the one FakeTensorMode whose FakeTensors fill the program's node
-    metadata (``meta["val"]`` and any other meta entry holding FakeTensors,
-    in nested containers and in subgraphs of higher-order ops too), creates a
-    policy mode that shares its ShapeEnv and settings, and replaces every such
-    value with a FakeTensor of the new mode that has the same shape (the same
-    symbolic expressions), stride, storage offset, dtype, device and
-    ``requires_grad``. Values that shared a storage still share one. The graph
-    and its code are not touched. Afterwards ``torch._guards.detect_fake_mode``,
-    ``ExportPass`` and ``ExportedProgram.run_decompositions`` find the new mode.
-
-    On a program whose values already belong to a policy mode nothing is
-    re-created and that mode is returned: ``cache_policy``, if given and a
-    different object, *replaces* ``mode.cache_policy`` (entries are kept per
-    policy identity, so none made under the old rules are served under the
-    new); ``cache_store`` and ``mode_kwargs`` must then agree with the mode.
+    Finds the one FakeTensorMode whose FakeTensors fill the node metadata (HOP subgraphs included), creates a
+    policy mode sharing its ShapeEnv and settings, and replaces each value by an equal FakeTensor of the new mode
+    (symbolic sizes, ``requires_grad``, storage sharing and all); the graph is untouched. A program already on a
+    policy mode keeps it, under ``cache_policy`` if given.
 
     Args:
-        program: a ``torch.export.ExportedProgram`` (its ``graph_module`` is
-            adopted) or a ``torch.fx.GraphModule`` carrying fake values.
-        cache_policy: the new mode's policy; ``None`` means ``CachePolicy()``
-            for a new mode, and "keep the current one" for an adopted program.
+        program: an ``ExportedProgram`` or a ``torch.fx.GraphModule`` carrying fake values.
+        cache_policy: the new mode's policy (``None``: ``CachePolicy()``, or keep the adopted mode's).
         cache_store: the new mode's store; ``None`` gives it a private one.
-        **mode_kwargs: more keyword arguments of ``FakeTensorMode``
-            (``cache_crosscheck``, ``allow_non_fake_inputs``, ...). They
-            override the settings copied from the original mode; ``shape_env``
-            may only name the original mode's ShapeEnv.
+        **mode_kwargs: ``FakeTensorMode`` arguments overriding the copied settings (``shape_env`` only the original's).
 
     Returns:
         The policy mode that now owns the program's fake values.
 
     Raises:
-        TypeError: ``program``, ``cache_policy``, ``cache_store`` or
-            ``cache_crosscheck`` has the wrong type, or ``mode_kwargs`` names
-            no ``FakeTensorMode`` argument.
-        ValueError: the program holds no FakeTensor, holds FakeTensors of
-            more than one mode, or (already adopted) ``cache_store`` or
-            ``mode_kwargs`` disagree with its mode.
-        RuntimeError: a re-created value would differ from its original (a
-            torch this function does not know). Whenever ``adopt`` raises,
-            the program is left unchanged.
+        TypeError: an argument has the wrong type or names no ``FakeTensorMode`` argument.
+        ValueError: no FakeTensor, several modes, or ``cache_store``/``mode_kwargs`` that contradict an adopted mode.
+        RuntimeError: a re-created value would differ from its original. The program is unchanged on any error.
     """
     gm = _graph_module(program)
-    check_cache_arguments("adopt", cache_policy, cache_store, mode_kwargs.get("cache_crosscheck"))
-
+    check_cache_arguments("torch_cachepolicy.adopt", cache_policy, cache_store, mode_kwargs.get("cache_crosscheck"))
     unknown = sorted(set(mode_kwargs) - _MODE_KWARGS)
     if unknown:
         raise TypeError(
             f"{_API}: unexpected keyword argument {unknown[0]!r}; torch_cachepolicy.FakeTensorMode "
             f"also takes {', '.join(sorted(_MODE_KWARGS))}"
         )
-
     sites, mode_refs = _scan(gm)
     old = _single_mode(program, sites, mode_refs)
     if isinstance(old, FakeTensorMode):
         return _readopt(old, cache_policy, cache_store, mode_kwargs)
-
     if "shape_env" in mode_kwargs and mode_kwargs["shape_env"] is not old.shape_env:
         raise ValueError(
             f"{_API}: shape_env must be the program's own ShapeEnv (or omitted): its values' "
@@ -133,17 +102,12 @@ def adopt(
     kwargs: dict[str, Any] = {name: read(old) for name, read in _INHERITED.items()}
     kwargs.update(mode_kwargs)
     new = FakeTensorMode(cache_policy=cache_policy, cache_store=cache_store, **kwargs)
-    # The epoch joins cache keys that hold symbols and dates unbacked memos;
-    # the new mode continues the old mode's trace rather than starting over.
+    # The epoch is part of keys with symbols and dates unbacked memos: the new mode continues the trace.
     new.epoch = old.epoch
-    # Read from torch's config by the constructor; torch.export creates its
-    # mode with it off, so data_ptr() on the program's values keeps raising.
+    # The constructor reads it from torch's config; torch.export's mode has it off (data_ptr() raises).
     new._allow_unsafe_data_ptr_access = old._allow_unsafe_data_ptr_access
     _move(sites, mode_refs, old, new)
     return new
-
-
-# ---------------------------------------------------------------- finding
 
 
 def _graph_module(program: object) -> torch.fx.GraphModule:
@@ -159,8 +123,7 @@ def _graph_module(program: object) -> torch.fx.GraphModule:
 
 
 def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[tuple[str, torch.fx.GraphModule]]:
-    # Subgraphs of higher-order ops (cond branches, while_loop bodies, ...)
-    # carry values of the same mode, and ExportPass re-dispatches them too.
+    # HOP subgraphs (cond branches, while_loop bodies) hold the same mode's values; ExportPass re-dispatches them.
     for name, module in gm.named_modules(remove_duplicate=True):
         if isinstance(module, torch.fx.GraphModule):
             yield name, module
@@ -181,8 +144,7 @@ def _scan(gm: torch.fx.GraphModule) -> tuple[list[tuple[_Site, list[torch.Tensor
         graph_name = f"subgraph {prefix!r}" if prefix else "the graph module"
         for key, value in module.meta.items():
             site = _Site(module.meta, key, f"{graph_name} meta[{key!r}]")
-            # Some exporters keep the mode itself here (dynamo's functional
-            # export: gm.meta["fake_mode"]); it must follow its values.
+            # The mode itself may be here (dynamo's functional export: gm.meta["fake_mode"]); it must follow its values.
             if isinstance(value, _ft.FakeTensorMode):
                 mode_refs.append(site)
             elif fakes := _fakes_in(value):
@@ -202,21 +164,15 @@ def _fakes_in(value: object) -> list[torch.Tensor]:
     return out
 
 
-# Types that never hold a fake value.
 _ATOMS = frozenset({type(None), str, int, float, bool, torch.dtype, torch.device, torch.layout, torch.Size})
-# Exact types whose pytree children are their items (values, for mappings),
-# in iteration order. TensorMetadata is the NamedTuple of meta["tensor_meta"].
+# Exact types whose pytree children are their items (mapping values) in order; TensorMetadata: meta["tensor_meta"].
 _SEQUENCES = frozenset({tuple, list, immutable_list, TensorMetadata})
 _MAPPINGS = frozenset({dict, immutable_dict})
 
 
 def _collect_fakes(value: object, out: list[torch.Tensor]) -> None:
-    # Most meta values are a tensor, or strings, ints, types and plain
-    # tuples, lists and dicts of them (nn_module_stack, source_fn_stack,
-    # stack_trace, tensor_meta, ...). Walking those directly visits the leaves pytree
-    # would, in the same order, at a fraction of pytree's cost per node;
-    # any other container (namedtuple, OrderedDict, registered classes) is
-    # left to pytree, as before.
+    # Most meta values are tensors or plain containers of strings, ints and types (nn_module_stack, tensor_meta):
+    # walking those visits pytree's leaves in its order, far cheaper; other containers are left to pytree.
     kind = type(value)
     if kind in _ATOMS or isinstance(value, type):
         return
@@ -268,9 +224,6 @@ def _single_mode(
     return next(iter(found.values()))[0]
 
 
-# ------------------------------------------------------------- re-adopting
-
-
 def _readopt(
     mode: FakeTensorMode,
     cache_policy: CachePolicy | None,
@@ -306,32 +259,19 @@ def _readopt(
     return mode
 
 
-# ----------------------------------------------------------------- moving
-
-
 def _move(
     sites: list[tuple[_Site, list[torch.Tensor]]],
     mode_refs: list[_Site],
     old: _ft.FakeTensorMode,
     new: FakeTensorMode,
 ) -> None:
-    """Replaces every fake value of ``old`` in ``sites`` by its twin in ``new``.
-
-    Note [Re-fakeifying through torch's converter]
-    ``new.from_tensor(old_fake)`` is the path dynamo uses to re-fakeify a
-    FakeTensor of another mode. With the ShapeEnv shared, torch's meta
-    converter reuses the SymInts of the old value as they are (no new
-    symbols, no guards), keeps requires_grad and leafness, and memoizes per
-    storage, so two values sharing a storage get one shared meta storage
-    (and one value reached twice, such as a tuple element and the getitem
-    that reads it, becomes one new value). That memo is weak, so every new
-    value is kept alive until all are made. Export's values are plain
-    tensors; a value that is an autograd view of another (``_base`` set) is
-    rebuilt as a view, which dispatches ``as_strided`` to ``new``.
-    The result is checked against the contract anyway: a future torch that
-    re-symbolized or un-aliased would fail loudly here instead of quietly
-    changing the program.
-    """
+    """Replaces every fake value of ``old`` in ``sites`` by its twin in ``new``."""
+    # Note [Re-fakeifying through torch's converter]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # new.from_tensor(old_fake) is how dynamo re-fakeifies another mode's FakeTensor. With the ShapeEnv shared, the
+    # meta converter reuses the old SymInts (no new symbols or guards), keeps requires_grad and leafness, rebuilds
+    # autograd views as views (as_strided on `new`), and memoizes per storage, keeping sharing (weakly: all new
+    # values stay alive until all are made). _check_twins enforces this rather than let a torch change the program.
     made: list[tuple[torch.Tensor, torch.Tensor, str]] = []
 
     def twin(where: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -339,18 +279,15 @@ def _move(
             out = new.from_tensor(t)
             constant = getattr(t, "constant", None)
             if constant is not None and isinstance(out, _ft.FakeTensor) and out.constant is None:
-                # Constant propagation (e.g. `.item()` on a lifted scalar)
-                # must behave as it did under the original mode.
+                # Constant propagation (`.item()` on a lifted scalar) must behave as under the old mode.
                 out.constant = constant
             made.append((t, out, where))
             return out
 
         return convert
 
-    # Outside any active fake mode: the converter must see plain FakeTensors,
-    # not dispatch into whichever mode the caller happens to be inside. With
-    # the new mode's cache off, rebuilding a view leaves no entry and no
-    # statistic behind: cache_report() starts empty.
+    # Outside any fake mode, so the converter sees plain FakeTensors, not the caller's mode; with the new mode's
+    # cache off, rebuilding a view leaves no entry or statistic behind (cache_report() starts empty).
     with _ft.unset_fake_temporarily(), _ft.disable_fake_tensor_cache(new):
         replaced = [(site, _replace(site.meta[site.key], twin(site.where))) for site, _ in sites]
     _check_twins(made)
@@ -362,17 +299,14 @@ def _move(
 
 
 def _replace(value: object, convert: Callable[[torch.Tensor], torch.Tensor]) -> object:
-    # Most sites hold one value (meta["val"]); a tensor is a pytree leaf, so
-    # converting it directly is what tree_map_only would do, without the
-    # flatten/unflatten round trip.
+    # Most sites hold one tensor (meta["val"]), a pytree leaf: skip tree_map_only's flatten/unflatten.
     if isinstance(value, torch.Tensor):
         return convert(value)
     return pytree.tree_map_only(_is_fake, convert, value)
 
 
 def _check_twins(made: list[tuple[torch.Tensor, torch.Tensor, str]]) -> None:
-    """Raises RuntimeError unless each new value matches its original and the
-    storage-sharing pattern is unchanged (see Note [Re-fakeifying through torch's converter])."""
+    """Raises RuntimeError unless values and storage sharing match (Note [Re-fakeifying through torch's converter])."""
     new_for_old: dict[int, int] = {}
     old_for_new: dict[int, int] = {}
     for old, new, where in made:
@@ -400,22 +334,10 @@ def _check_twins(made: list[tuple[torch.Tensor, torch.Tensor, str]]) -> None:
         o, n = storage_id(old), storage_id(new)
         if new_for_old.setdefault(o, n) != n or old_for_new.setdefault(n, o) != o:
             raise RuntimeError(
-                f"{_API}: the re-created value of {where} does not share storage with the "
-                "same values as the original"
+                f"{_API}: the re-created value of {where} does not share storage with the same values as the original"
             )
 
 
 def _same_int(a: object, b: object) -> bool:
-    return _int_key(a) == _int_key(b)
-
-
-def _int_key(v: object) -> object:
-    # Compare symbolic sizes by expression: `a == b` on SymInts would ask
-    # the ShapeEnv and could install a guard. A SymInt the ShapeEnv has
-    # since pinned to a number (a guard replaced its symbol) compares equal
-    # to that int: the converter hands such sizes back as plain ints.
-    if isinstance(v, torch.SymInt):
-        expr = v.node.expr
-        return int(expr) if expr.is_number else expr
-    return v
-
+    # No guard: `a == b` on SymInts may add one. A SymInt since pinned equals that int (the converter returns ints).
+    return bool(guard_free_int(a) == guard_free_int(b))

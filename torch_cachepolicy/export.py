@@ -1,13 +1,7 @@
 """``export``: ``torch.export.export`` traced under a policy ``FakeTensorMode``.
 
-``torch.export.export`` (non-strict) creates its FakeTensorMode in
-``torch._export.non_strict_utils.make_fake_inputs``, unless a
-``torch._guards.TracingContext`` is active: then it traces under that
-context's mode. :func:`export` creates a :class:`FakeTensorMode` configured
-as ``make_fake_inputs`` configures its own, and runs ``torch.export.export``
-inside a TracingContext holding it. The program's fake values belong to that
-mode from the start, so export itself, ``run_decompositions`` and every later
-ExportPass dispatch through it, and nothing needs to be :func:`adopt`-ed.
+Non-strict ``torch.export.export`` creates its mode in ``make_fake_inputs`` unless a ``torch._guards.TracingContext``
+is active: :func:`export` runs it in a context holding a policy mode configured as that one would be.
 
 Example::
 
@@ -32,8 +26,8 @@ from torch.export import ExportedProgram
 from torch.export._trace import _is_bogus_const_name
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from torch_cachepolicy._compat import is_fake_tensor
-from torch_cachepolicy.arguments import check_cache_arguments
+from torch_cachepolicy._arguments import check_cache_arguments
+from torch_cachepolicy._fakes import is_fake_tensor
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
@@ -42,8 +36,7 @@ __all__ = ["export"]
 
 _API = "torch_cachepolicy.export(...)"
 
-# The keyword arguments torch.export.export takes after (mod, args, kwargs),
-# read from the installed torch so that new ones pass through.
+# torch.export.export's keyword-only arguments, read from the installed torch so new ones pass through.
 _EXPORT_KEYWORDS = frozenset(
     name
     for name, p in inspect.signature(torch.export.export).parameters.items()
@@ -61,49 +54,24 @@ def export(
     cache_crosscheck: bool | None = None,
     **export_kwargs: Any,
 ) -> ExportedProgram:
-    """Exports ``mod`` as ``torch.export.export`` does, under a policy mode.
+    """Exports ``mod`` as ``torch.export.export`` does, under a new policy mode.
 
-    Creates a :class:`FakeTensorMode` with the settings
-    ``torch.export.export`` gives the mode it creates itself (a fresh
-    ``ShapeEnv`` tracking fakes and trace asserts, named after ``mod``'s
-    ``forward``, honouring ``prefer_deferred_runtime_asserts_over_guards``;
-    ``allow_non_fake_inputs=True``; ``export=True``; no unsafe
-    ``data_ptr`` access) and traces ``mod`` under it. The program is the one
-    ``torch.export.export`` returns (same graph, metadata, range constraints
-    and module call graph); only its fake values belong to the policy mode,
-    so export's own dispatches, ``run_decompositions`` and later ExportPasses
-    are cached under ``cache_policy``. ``torch_cachepolicy.adopt(program)``
-    returns that mode without re-creating anything.
-
-    Each call creates a new mode (an export's ShapeEnv belongs to that
-    export). Pass one ``cache_store`` to several calls to share entries.
+    The mode has torch's settings for its own (a fresh ``ShapeEnv`` tracking fakes and trace asserts,
+    ``allow_non_fake_inputs``, ``export=True``, no unsafe ``data_ptr``): export and later passes use ``cache_policy``.
 
     Args:
-        mod: the module to export.
-        args: example positional inputs.
-        kwargs: optional example keyword inputs.
-        cache_policy: the mode's policy; ``None`` means ``CachePolicy()``.
-        cache_store: the mode's store; ``None`` gives it a private one.
-        cache_crosscheck: see :class:`FakeTensorMode`.
-        **export_kwargs: more keyword arguments of ``torch.export.export``
-            (``dynamic_shapes``, ``preserve_module_call_signature``,
-            ``prefer_deferred_runtime_asserts_over_guards``; ``strict``
-            only as ``False``).
+        mod, args, kwargs: as for ``torch.export.export``.
+        cache_policy, cache_store, cache_crosscheck: as for :class:`FakeTensorMode`.
+        **export_kwargs: more arguments of ``torch.export.export`` (``strict`` only as ``False``).
 
     Returns:
-        The exported program.
+        The program ``torch.export.export`` returns, its fake values on the policy mode.
 
     Raises:
-        TypeError: ``cache_policy``, ``cache_store`` or ``cache_crosscheck``
-            has the wrong type, or
-            ``export_kwargs`` names no argument of ``torch.export.export``.
-        ValueError: ``strict=True``: Dynamo creates its own FakeTensorMode.
-        RuntimeError: called while a ``torch._guards.TracingContext`` is
-            active (inside ``torch.compile`` or another export), or export
-            lifted a FakeTensor constant and
-            ``torch._export.config.error_on_lifted_constant_tensors`` is set
-            (as ``torch.export.export`` raises). Errors of
-            ``torch.export.export`` itself propagate unchanged.
+        TypeError: an argument has the wrong type or names no argument of ``torch.export.export``.
+        ValueError: ``strict=True`` (Dynamo creates its own FakeTensorMode).
+        RuntimeError: a ``torch._guards.TracingContext`` is active, or export lifted a FakeTensor
+            constant under ``error_on_lifted_constant_tensors`` (as torch raises).
     """
     check_cache_arguments("torch_cachepolicy.export", cache_policy, cache_store, cache_crosscheck)
     unknown = sorted(set(export_kwargs) - _EXPORT_KEYWORDS)
@@ -127,7 +95,6 @@ def export(
             "new one. Call torch_cachepolicy.export outside of it, or call torch.export.export there "
             "and move the program with torch_cachepolicy.adopt(program, cache_policy=...)"
         )
-
     mode = _export_mode(
         mod,
         cache_policy=cache_policy,
@@ -138,14 +105,10 @@ def export(
         ),
     )
     # Note [Exporting under a TracingContext]
-    # make_fake_inputs takes the active TracingContext's fake mode instead of
-    # creating one; everything else export does is unchanged, except one
-    # diagnostic: torch.export.export skips its check for FakeTensor
-    # constants with a made-up name ("lifted_tensor_0", an op it could not
-    # trace through) when it sees an ambient fake mode, which the context
-    # is. _check_lifted_constants runs that check on the result instead,
-    # unless the inputs hold FakeTensors (then stock skips it too).
-    # The context is thread-local and export enters its own inside it.
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # make_fake_inputs takes the TracingContext's fake mode instead of creating one; seeing it, export skips its check
+    # for FakeTensor constants with made-up names ("lifted_tensor_0": an untraceable op), so _check_lifted_constants
+    # runs it unless inputs hold FakeTensors (stock skips it then too). The context is thread-local; export nests one.
     with unset_fake_temporarily():  # as torch.export.export looks at them
         fake_inputs = detect_fake_mode((args, kwargs)) is not None
     with tracing(TracingContext(mode)):
@@ -179,10 +142,7 @@ def _export_mode(
         allow_non_fake_inputs=True,
         export=True,
     )
-    # make_fake_inputs creates its mode under
-    # torch._functorch.config.patch(fake_tensor_allow_unsafe_data_ptr_access=False),
-    # which the constructor copies to this attribute. Setting the attribute
-    # gives the same mode without changing torch's config, even briefly.
+    # As make_fake_inputs' fake_tensor_allow_unsafe_data_ptr_access=False patch, without touching torch's config.
     mode._allow_unsafe_data_ptr_access = False
     return mode
 

@@ -1,10 +1,10 @@
-"""Per-operator cache statistics of one mode, and their rendering."""
+"""A mode's cache statistics: the counters its dispatches bump, and their snapshots."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CacheReport", "OpReport", "OpStats"]
+__all__ = ["CacheReport", "KeyStats", "OpReport", "OpStats"]
 
 
 class OpStats:
@@ -19,6 +19,28 @@ class OpStats:
 
     def bypass(self, reason: str) -> None:
         self.bypasses[reason] = self.bypasses.get(reason, 0) + 1
+
+
+class KeyStats:
+    """Keys one mode's C++ builder produced (``built``), and ``{reason: count}`` of those left to torch's ``_cache_key``."""
+
+    __slots__ = ("built", "fallbacks")
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.fallbacks: dict[str, int] = {}
+
+    def fall_back(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    @property
+    def handled_share(self) -> float:
+        """The share of keys the builder produced (1.0 with no keys yet)."""
+        total = self.built + sum(self.fallbacks.values())
+        return self.built / total if total else 1.0
+
+    def __repr__(self) -> str:
+        return f"KeyStats(built={self.built}, fallbacks={dict(sorted(self.fallbacks.items()))})"
 
 
 @dataclass(frozen=True)
@@ -66,7 +88,7 @@ class CacheReport:
         for r in self.ops:
             if r.op == name:
                 return r
-        raise KeyError(f"CacheReport: {name} was not dispatched by this mode")
+        raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} was not dispatched by this mode")
 
     def __str__(self) -> str:
         if not self.ops:

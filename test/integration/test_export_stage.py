@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import unittest
 from typing import Any, ClassVar
+from unittest import mock
 
+import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
@@ -45,8 +47,17 @@ class TestExportStage(TestCase):
     def test_adopt_cost_measures_every_value(self) -> None:
         """adopt_cost converts as many values as adopt moves, and leaves the program adopted."""
         program = export_stage.pt2e_flow("stock")["program"]
-        cost = export_stage.adopt_cost(program, executorch_policy())
+        moved: list[torch.Tensor] = []  # the values adopt converts, each with the policy mode's from_tensor
+        real_from_tensor = tcp.FakeTensorMode.from_tensor
+
+        def from_tensor(self: tcp.FakeTensorMode, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            moved.append(t)
+            return real_from_tensor(self, t, **kwargs)
+
+        with mock.patch.object(tcp.FakeTensorMode, "from_tensor", from_tensor):
+            cost = export_stage.adopt_cost(program, executorch_policy())
         self.assertGreater(cost["values"], 50)
+        self.assertEqual(cost["values"], len(moved))
         self.assertIsInstance(executorch.program_mode(program), tcp.FakeTensorMode)
         self.assertGreater(cost["adopt_cpu"], 0)
         self.assertGreater(cost["floor_cpu"], 0)

@@ -3,8 +3,7 @@
 Example::
 
     from executorch.exir import to_edge_transform_and_lower
-
-    from torch_cachepolicy.adopt import adopt
+    from torch_cachepolicy import adopt
     from torch_cachepolicy.recipes.executorch import executorch_policy
 
     policy = executorch_policy()  # once per process, for every lowering
@@ -12,11 +11,8 @@ Example::
     edge = to_edge_transform_and_lower(ep, partitioner=[...])
     print(mode.cache_report().by_namespace())
 
-Importing this module does not import ExecuTorch: :func:`tosa_context_key`
-imports it the first time a policy consults the key, which happens only when
-a ``tosa`` op is dispatched (and ``tosa`` ops exist only once ExecuTorch's Arm
-backend is imported). Written against ExecuTorch 1.5.1; see
-``docs/executorch.md``.
+Importing this module does not import ExecuTorch: :func:`tosa_context_key` does, on the first ``tosa`` dispatch.
+Written against ExecuTorch 1.5.1; see ``docs/executorch.md``.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ TOSA_CONTEXT_NAMESPACES: tuple[str, ...] = ("tosa",)
 
 @functools.cache
 def _tosa_spec_var() -> contextvars.ContextVar[Any]:
-    # Resolved once: the key is consulted on every tosa dispatch, and a cached
-    # ContextVar read is cheaper than re-running the import statement.
+    # Resolved once: a cached ContextVar read beats re-running the import on every tosa dispatch.
     try:
         from executorch.backends.arm.tosa.specification import TosaLoweringContext
     except ImportError as e:
@@ -54,13 +49,8 @@ def _tosa_spec_var() -> contextvars.ContextVar[Any]:
 def tosa_context_key() -> str | None:
     """The active TOSA specification, for :class:`CachePolicy`'s ``context_key``.
 
-    TOSA fake kernels read the spec of the enclosing ``TosaLoweringContext``
-    (``get_context_spec()``) and validate dtypes and extensions against it, so
-    a cached result is only valid under the same spec. ``str(spec)`` rather
-    than the spec itself: ``TosaSpecification.__eq__`` and ``__hash__`` compare
-    version and profiles only, so ``TOSA-1.0+INT+u55`` equals ``TOSA-1.0+INT``,
-    while the string names the extensions too. Outside a lowering context
-    (``to_edge``, ``run_decompositions``) there is no spec: ``None``.
+    TOSA fake kernels validate against the enclosing ``TosaLoweringContext``'s spec; ``str(spec)`` since spec equality
+    ignores extensions (``TOSA-1.0+INT+u55`` equals ``TOSA-1.0+INT``). ``None`` outside a lowering context.
 
     Raises:
         ImportError: ExecuTorch's Arm backend is not installed.
@@ -70,14 +60,10 @@ def tosa_context_key() -> str | None:
 
 
 def executorch_policy() -> CachePolicy:
-    """The policy for ExecuTorch's Arm flow: PR 21700's namespaces
-    (:data:`EXECUTORCH_NAMESPACES`), keyed by :func:`tosa_context_key` for the
-    ``tosa`` ops only, since only their fake kernels read the spec.
+    """The policy for ExecuTorch's Arm flow: :data:`EXECUTORCH_NAMESPACES`, keyed by :func:`tosa_context_key`
+    for ``tosa`` ops, the only ones whose fake kernels read the spec.
 
-    Policies from separate calls have the same rules, hence equal
-    identities: modes that share a ``CacheStore`` share their entries. Still,
-    create one per process and pass it to every ``adopt``: its decisions are
-    memoized per policy object.
+    Calls give equal identities (a shared store shares entries), but reuse one: decisions are memoized per object.
     """
     return CachePolicy(
         namespaces=list(EXECUTORCH_NAMESPACES),

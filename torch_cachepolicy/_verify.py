@@ -1,23 +1,13 @@
-"""The checks that keep a cache hit equal to an uncached dispatch.
+"""Checks that keep a cache hit equal to an uncached dispatch; run on a miss or in :func:`crosscheck`, not a hit."""
 
-Everything here runs on a miss or in the crosscheck (:func:`crosscheck`),
-never on a plain hit.
-
-Note [Verify every entry on the miss that creates it]
-torch's entry format can rebuild an output only in three shapes: the input
-object itself (in-place), a tensor on a view op's single tensor argument's
-storage, or a fresh tensor from ``empty_strided`` (storage offset 0, the
-smallest storage that holds it). A fake kernel can return anything else: a
-fresh tensor at an offset or on a larger storage, a view that the schema
-does not declare, outputs sharing storage, or it can change an input's
-metadata, which a hit would skip. Rather than enumerating such kernels, the
-mode builds, on the miss that creates an entry, the output a hit would
-return (torch's own ``_output_from_cache_entry``) and compares it with the
-real output through :func:`describe`, and compares every tensor input
-before and after the kernel. Any difference becomes a negative entry with a
-reason that names it. Misses are rare, so the guarantee costs the hit path
-nothing.
-"""
+# Note [Verify every entry on the miss that creates it]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's entry format rebuilds an output in only three shapes: the input itself (in-place), a tensor on a view
+# op's single tensor argument's storage, or a fresh empty_strided tensor (offset 0, smallest storage). A fake
+# kernel can return anything else (a fresh tensor at an offset or on a larger storage, an undeclared view, outputs
+# sharing storage) or change an input's metadata, which a hit would skip. So the miss builds the output a hit would
+# (_output_from_cache_entry, the one path hits use), compares it with the real one through describe(), and compares
+# every tensor input before and after the kernel (InputSnapshot): a difference makes a negative entry naming it.
 
 from __future__ import annotations
 
@@ -32,71 +22,10 @@ from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import _BypassDispatchCache
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 
-from torch_cachepolicy._compat import is_fake_tensor
-
-__all__ = [
-    "ALIAS_NOT_REPRODUCED",
-    "CrosscheckError",
-    "InputSnapshot",
-    "check_backend_op",
-    "check_backend_output",
-    "crosscheck",
-    "describe",
-    "first_difference",
-    "shape_env_state",
-    "storage_id",
-    "verify_entry",
-]
+from torch_cachepolicy import _reasons
+from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
-"""The bypass reason of an entry whose hit would lose or invent aliasing."""
-
-
-def storage_id(t: torch.Tensor) -> int:
-    """An int naming ``t``'s storage: equal for tensors sharing one."""
-    return t.untyped_storage()._cdata
-
-
-class _Sym:
-    """A symbolic int that compares without adding guards to its ShapeEnv.
-
-    ``SymInt == SymInt`` followed by ``bool()`` would guard. Two expressions
-    are equal here if they are the same after expansion (``4*s0*s1`` and the
-    ``empty_strided`` form ``4*s1*(s0 - 1) + 4*s1``) or if the ShapeEnv can
-    prove them equal from what it already knows; anything else counts as a
-    difference, which only ever costs a bypass.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: torch.SymInt) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Sym):
-            return False
-        a, b = self.value.node.expr, other.value.node.expr
-        if a == b or (a - b).expand() == 0:
-            return True
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(self.value == other.value))
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
-    def __repr__(self) -> str:
-        return str(self.value)
-
-
-def _int(v: object) -> object:
-    """An int as itself, a SymInt as its int value or a :class:`_Sym`."""
-    if isinstance(v, torch.SymInt):
-        value = v.node.maybe_as_int()
-        return value if value is not None else _Sym(v)
-    return v
 
 
 def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
@@ -104,27 +33,24 @@ def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
         ("dtype", t.dtype),
         ("device", t.device),
         ("layout", t.layout),
-        ("shape", tuple(_int(s) for s in t.shape)),
-        ("stride", tuple(_int(s) for s in t.stride())),
-        ("storage_offset", _int(t.storage_offset())),
-        ("storage size", _int(t.untyped_storage().nbytes())),
+        ("shape", tuple(guard_free_int(s) for s in t.shape)),
+        ("stride", tuple(guard_free_int(s) for s in t.stride())),
+        ("storage_offset", guard_free_int(t.storage_offset())),
+        ("storage size", guard_free_int(t.untyped_storage().nbytes())),
         ("requires_grad", t.requires_grad),
         ("is_conj", t.is_conj()),
         ("is_neg", t.is_neg()),
         ("is_view", t._is_view()),
-        # A rebuilt output is a leaf with no grad; a kernel may set either on
-        # an output or an input (a hit would not).
+        # A rebuilt output is a leaf with no grad; a kernel may change either on an output or input (a hit would not).
         ("is_leaf", t.is_leaf),
         ("grad", _grad(t)),
         ("retains_grad", t.retains_grad),
-        # An in-place op inside a kernel bumps the version counter (of an
-        # input, or of the output it then returns); a hit bumps none.
+        # An in-place op inside a kernel bumps an input's or output's version counter; a hit bumps none.
         ("version", _version(t)),
         ("hooks", _hooks(t)),
         # A kernel may hand back a FakeTensor of another mode; a hit builds one of ours.
         ("fake mode", id(getattr(t, "fake_mode", None))),
-        # Python attributes: a kernel may tag its output, or memoize on an
-        # input (x.nonzero() sets x's nonzero memo); a hit does neither.
+        # A kernel may tag its output, or memoize on an input (x.nonzero() sets x's nonzero memo); a hit does neither.
         ("python attributes", _python_state(t)),
     )
 
@@ -145,7 +71,7 @@ def _hooks(t: torch.Tensor) -> tuple[int, int]:
 def _grad(t: torch.Tensor) -> object:
     # Reading a non-leaf's .grad warns; it has one only after retain_grad().
     grad = t._grad if t.is_leaf or t.retains_grad else None
-    return None if grad is None else (grad.dtype, tuple(_int(v) for v in grad.shape))
+    return None if grad is None else (grad.dtype, tuple(guard_free_int(v) for v in grad.shape))
 
 
 _PLAIN = (type(None), bool, int, float, str, torch.device, torch.dtype)
@@ -158,25 +84,21 @@ def _python_state(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
     return tuple((k, _value_state(v, _STATE_DEPTH)) for k, v in sorted(state.items()))
 
 
-# How deep _value_state looks into containers and objects held by a tensor's
-# Python attributes; beyond it, an object counts by identity.
+# How deep _value_state looks into a tensor's Python attributes; beyond it, an object counts by identity.
 _STATE_DEPTH = 3
 
 
 def _value_state(v: object, depth: int) -> object:
     """A comparable picture of a Python attribute's value, contents included.
 
-    A kernel may append to a list kept on an input (``x.log.append(...)``):
-    the attribute is the same object before and after, so the contents of
-    lists, tuples, dicts and sets are compared, as deep as
-    :data:`_STATE_DEPTH`. Any other object counts by identity (a FakeTensor's
-    own ``fake_mode``, a tensor, an object of the kernel's own class): what
-    such an object holds is the kernel's undeclared state (docs/guide.md).
+    A kernel may append to a list kept on an input (``x.log.append(...)``), so lists, tuples, dicts and sets
+    are compared by content, down to :data:`_STATE_DEPTH`. Other objects (a ``fake_mode``, a tensor, the
+    kernel's own class) count by identity: what they hold is the kernel's undeclared state (docs/guide.md).
     """
     if isinstance(v, _PLAIN):
         return v
     if isinstance(v, torch.SymInt):
-        return _int(v)
+        return guard_free_int(v)
     if depth == 0 or isinstance(v, torch.Tensor):
         return (type(v).__name__, id(v))
     if isinstance(v, (list, tuple)):
@@ -192,15 +114,12 @@ def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list
     return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
 
 
-def describe(
-    output: object, args: Sequence[object], kwargs: Mapping[str, object]
-) -> list[tuple[str, object]]:
+def describe(output: object, args: Sequence[object], kwargs: Mapping[str, object]) -> list[tuple[str, object]]:
     """Everything a caller can observe of ``output``, as comparable (name, value) pairs.
 
-    Tensors contribute their metadata and their aliasing: which input tensors
-    they are (``is``), which inputs and earlier outputs share their storage.
-    SymInts contribute their expression, other values their type and value.
-    A namedtuple counts as a plain tuple (stock hits return plain tuples).
+    Tensors give their metadata and aliasing (which inputs they are, which inputs and earlier outputs share
+    their storage); SymInts their expression; other values their type and value. A namedtuple counts as a
+    plain tuple (stock hits return plain tuples).
     """
     inputs = _input_tensors(args, kwargs)
     input_storages = [storage_id(t) for t in inputs]
@@ -210,8 +129,7 @@ def describe(
     for i, leaf in enumerate(leaves):
         where = f"output {i}"
         if isinstance(leaf, torch.Tensor):
-            # Aliasing first: when a hit loses it, the metadata that differs
-            # too (storage size, offset) is a consequence, not the cause.
+            # Aliasing first: when a hit loses it, differing storage size or offset is a consequence, not the cause.
             sid = storage_id(leaf)
             out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
             out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
@@ -220,17 +138,15 @@ def describe(
             out.append(
                 (f"{where} storage sharing with outputs", tuple(j for j, s in enumerate(seen_storages) if s == sid))
             )
-            # An output on an input's storage is an alias the schema declares
-            # (anything else bypasses), and autograd gives it the input's
-            # version counter on the way back to the caller: its own counter
-            # here is never seen.
+            # An output on an input's storage is a declared alias (else it bypasses), and autograd gives it the
+            # input's version counter on the way back to the caller: its own counter here is never seen.
             out.extend(
                 (f"{where} {name}", None if shared and name == "version" else value)
                 for name, value in _tensor_fields(leaf)
             )
             seen_storages.append(sid)
         elif isinstance(leaf, torch.SymInt):
-            out.append((f"{where} value", ("SymInt", _int(leaf))))
+            out.append((f"{where} value", ("SymInt", guard_free_int(leaf))))
             seen_storages.append(-1)
         elif isinstance(leaf, (torch.SymFloat, torch.SymBool)):
             out.append((f"{where} value", (type(leaf).__name__, leaf.node.expr)))
@@ -255,14 +171,12 @@ def _differs(a: object, e: object) -> bool:
     try:
         return bool(a != e)
     except Exception:
-        # Values whose comparison raises (a tensor constant, say) are
-        # treated as different: we only ever bypass on that answer.
+        # Values whose comparison raises (a tensor constant) count as different: we only ever bypass on that answer.
         return a is not e
 
 
 def _plain(value: object) -> object:
-    # A meta kernel may return a namedtuple (aminmax, native_layer_norm, ...)
-    # where a hit builds a plain tuple; callers get a plain tuple either way.
+    # A meta kernel may return a namedtuple (aminmax, ...) where a hit builds a plain tuple; callers get the latter.
     if isinstance(value, tuple):
         return tuple(_plain(v) for v in value)
     return value
@@ -271,13 +185,9 @@ def _plain(value: object) -> object:
 class InputSnapshot:
     """What a kernel can change about its tensor arguments, taken before it runs.
 
-    The metadata of every tensor argument: :func:`describe`'s fields, the
-    version counter, hooks and Python attributes included. Lists and dicts
-    need no snapshot: the dispatcher hands a kernel its own copies of them,
-    so a kernel changing them changes nothing its caller sees. The content
-    of other objects is not compared; an argument whose content the key
-    cannot see bypasses before a kernel runs (Note [Arguments the key cannot
-    see]).
+    Every tensor argument's :func:`describe` fields (version counter, hooks and Python attributes included).
+    Lists and dicts need none: the dispatcher hands the kernel its own copies. Other objects are not compared;
+    an argument whose content the key cannot see bypasses first (Note [Arguments the key cannot see]).
     """
 
     __slots__ = ("_before", "_tensors")
@@ -304,59 +214,45 @@ class InputSnapshot:
 def shape_env_state(shape_env: Any, *, symbols_only: bool = False) -> tuple[object, ...]:
     """What a kernel can add to a ShapeEnv: symbols, and guards, replacements and assertions.
 
-    Compared before and after a backend kernel: one that created a symbol
-    (even one it dropped) cannot be replayed by a hit, which creates none. For
-    a kernel whose inputs held no symbols, any fact it taught the ShapeEnv
-    counts too; with ``symbols_only`` (inputs with symbols) only the symbols
-    it created: what it taught about its inputs' symbols is what the entry's
-    sub-table holds (Note [What the ShapeEnv knows]).
+    Compared around a backend kernel: a hit cannot replay one that created a symbol (even a dropped one). With
+    ``symbols_only`` (inputs with symbols) only created symbols count, since what it taught about its inputs'
+    symbols is what the sub-table holds (Note [What the ShapeEnv knows]); otherwise any fact taught counts.
     """
     created = (len(shape_env.var_to_range), shape_env.unbacked_symint_counter, shape_env.unbacked_symfloat_counter)
     if symbols_only:
         return created
     return (
-        *created,
-        len(shape_env.guards),
-        len(shape_env.replacements),
-        len(shape_env.divisible),
-        shape_env.num_deferred_runtime_asserts,
-        shape_env._version_counter,
+        *created, len(shape_env.guards), len(shape_env.replacements), len(shape_env.divisible),
+        shape_env.num_deferred_runtime_asserts, shape_env._version_counter,
     )
 
 
 def check_backend_op(func: OpOverload, args: Sequence[object], *, explicit: bool) -> None:
-    """Safety checks on the schema of an op outside aten/prim/prims.
-
-    Note [Why backend ops need more checks than aten]
-    torch's entry validation leans on aten's tags and schemas being right.
-    Custom ops carry no tags and their fake kernels are unchecked, so:
-    a bare SymInt output is cached as a constant (stock returns early), which
-    would replay one unbacked symbol for every call; a mutating op returning
-    None would skip its kernel (and its checks) on a hit; and a view schema
-    with several tensor args trips an assertion in the entry builder. Each
-    raises _BypassDispatchCache instead, here (schema) or in
-    check_backend_output. Aliasing and metadata the entry cannot rebuild are
-    caught for every op by the entry verification
-    (Note [Verify every entry on the miss that creates it]).
-    """
+    """Safety checks on the schema of an op outside aten/prim/prims."""
+    # Note [Why backend ops need more checks than aten]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # torch's entry validation trusts aten's tags and schemas. Custom ops carry no tags and unchecked fake kernels:
+    # a bare SymInt output would be cached as a constant (stock returns early), replaying one unbacked symbol for
+    # every call; a mutating op returning None would skip its kernel (and checks) on a hit; a view schema with
+    # several tensor args trips an entry-builder assertion. Each bypasses, here (schema) or in check_backend_output.
+    # Other aliasing and metadata are caught by Note [Verify every entry on the miss that creates it].
     if func._schema.is_mutable and not explicit:
-        raise _BypassDispatchCache("mutates an argument (allow it with register_op)")
+        raise _BypassDispatchCache(_reasons.MUTATES)
     if func.is_view and sum(isinstance(a, torch.Tensor) for a in args) != 1:
-        raise _BypassDispatchCache("view op with several tensor arguments")
+        raise _BypassDispatchCache(_reasons.VIEW_OF_SEVERAL)
 
 
 def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence[object], output: object) -> None:
-    """Scalar outputs skip torch's output checks; see Note [Why backend ops need more checks than aten]."""
+    """The output checks torch skips for scalars (Note [Why backend ops need more checks than aten])."""
     outputs = output if isinstance(output, tuple) else (output,)
     tracing = torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None
     for out in outputs:
         if isinstance(out, _SYM_TYPES):
             if tracing:
-                raise _BypassDispatchCache("Proxy mode with SymNode output")
+                raise _BypassDispatchCache(_reasons.PROXY_SYMNODE)
             if not out.node.expr.free_symbols <= state.known_symbols:
-                raise _BypassDispatchCache("unbacked symbol in scalar output")
-    # Named reasons for the two aliasing mistakes a backend kernel makes most;
-    # the entry verification catches every other kind.
+                raise _BypassDispatchCache(_reasons.UNBACKED_SCALAR)
+    # Named reasons for the two commonest aliasing mistakes; the entry verification catches the rest.
     returns = func._schema.returns
     input_storages = {storage_id(a) for a in pytree.tree_leaves(args) if is_fake_tensor(a)}
     output_storages: set[int] = set()
@@ -365,43 +261,32 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
             continue
         sid = storage_id(out)
         if sid in output_storages:
-            raise _BypassDispatchCache("outputs alias each other")
+            raise _BypassDispatchCache(_reasons.OUTPUTS_ALIAS)
         output_storages.add(sid)
         if sid in input_storages:
             declared = i < len(returns) and returns[i].alias_info is not None
             if not declared:
-                raise _BypassDispatchCache("output aliases an input without a schema annotation")
+                raise _BypassDispatchCache(_reasons.UNDECLARED_ALIAS)
 
 
 def verify_entry(
-    mode: Any,
-    state: _CacheKeyState,
-    entry: Any,
-    key: Any,
-    func: OpOverload,
-    args: Sequence[object],
-    kwargs: Mapping[str, object],
-    output: object,
+    mode: Any, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
+    kwargs: Mapping[str, object], output: object,
 ) -> None:
-    """Bypasses unless a hit built from ``entry`` equals ``output``.
-
-    See Note [Verify every entry on the miss that creates it].
-    """
+    """Bypasses unless a hit built from ``entry`` equals ``output`` (Note [Verify every entry on the miss that creates it])."""
     try:
         rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
     except _BypassDispatchCache:
         raise
     except Exception as e:
-        raise _BypassDispatchCache(f"a hit could not rebuild the output ({type(e).__name__})") from None
+        raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
     diff = first_difference(describe(rebuilt, args, kwargs), describe(output, args, kwargs))
     if diff is not None:
-        # "output 1 storage_offset" -> "storage_offset": reasons are counted
-        # by name, so they must not multiply with the output's position.
+        # "output 1 storage_offset" -> "storage_offset": reasons are counted by name, not per output position.
         field = diff.split(" ", 2)[2] if diff.startswith("output ") else diff
         if field.startswith(("identity", "storage sharing")):
-            raise _BypassDispatchCache(ALIAS_NOT_REPRODUCED)
-        raise _BypassDispatchCache(f"a hit would differ in {field}")
-
+            raise _BypassDispatchCache(_reasons.ALIAS_NOT_REPRODUCED)
+        raise _BypassDispatchCache(_reasons.hit_would_differ(field))
 
 
 # ------------------------------------------------------------- crosscheck
@@ -412,19 +297,12 @@ class CrosscheckError(RuntimeError):
 
 
 def crosscheck(
-    mode: Any,
-    output: object,
-    func: Any,
-    types: Sequence[type],
-    args: Sequence[object],
-    kwargs: Mapping[str, object],
+    mode: Any, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
 ) -> None:
     """Re-runs a hit's call uncached on ``mode`` and compares it with ``output``.
 
-    Compares what the miss-time verification compares (:func:`describe`, so
-    aliasing and symbols too), torch's own ``assert_metadata_eq`` on each
-    tensor pair, and the inputs after the rerun against a snapshot taken
-    before it (a kernel that changes them was skipped by the hit).
+    Compares :func:`describe` (as the miss-time verification does), torch's ``assert_metadata_eq`` per tensor
+    pair, and the inputs against a snapshot taken before the rerun (a kernel changing them was skipped by the hit).
 
     Raises:
         CrosscheckError: the two differ, or the uncached dispatch raised.
@@ -459,8 +337,7 @@ def crosscheck(
 
 
 def _assert_same_tensors(expected: object, actual: object) -> None:
-    # torch's own metadata comparison (bases of views, leafness, grads), on
-    # top of describe(), as stock's crosscheck does.
+    # torch's own metadata comparison (view bases, leafness, grads) on top of describe(), as stock's crosscheck does.
     for e, a in zip(pytree.tree_leaves(_plain(expected)), pytree.tree_leaves(_plain(actual)), strict=False):
         if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
             assert_metadata_eq(assert_eq, e, a)

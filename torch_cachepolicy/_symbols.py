@@ -1,32 +1,21 @@
-"""What a ShapeEnv knows about the symbols of a cache key.
+"""What a ShapeEnv knows about the symbols of a cache key."""
 
-Note [What the ShapeEnv knows]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-A fake kernel may ask the ShapeEnv what it can prove (``statically_known_true``,
-``guard_or_false``, the size-oblivious checks aten's own meta kernels use); the
-answer changes when the ShapeEnv learns something (``torch._check``, a guard,
-a replacement), while the key, which holds the expressions, does not. So a
-symbolic entry of a backend (or higher-order) op is filed under what the
-ShapeEnv knows *about the key's symbols* when the entry's kernel runs.
-
-What can answer such a question is, as torch's ``ShapeEnv._maybe_evaluate_static``
-reads it: the replacements of the expression's symbols (followed, since a
-replacement brings its own symbols), the value ranges of the symbols reached,
-the guards and divisibility facts whose symbols are all among them, the
-deferred runtime assertions on them, and which of them are size-like.
-:func:`knowledge` returns exactly that, so a guard about other symbols (an
-unrelated op's ``!=`` or ``%`` guard) leaves the entry reachable, while any new
-fact about its own symbols selects a new sub-table.
-
-The entry is filed under the knowledge *before* its kernel ran. A kernel that
-adds a guard about its own symbols has therefore changed the knowledge that
-later calls look up under: the entry it made is never served, and the next
-call runs the kernel again, now adding nothing, and makes the entry later
-calls hit. A hit thus never stands for a kernel run that would have taught
-the ShapeEnv something: after any sequence of hits the ShapeEnv holds exactly
-the guards, replacements and ranges an uncached run of the sequence leaves
-(``test_symbols.py`` compares them).
-"""
+# Note [What the ShapeEnv knows]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A fake kernel may ask the ShapeEnv what it can prove (statically_known_true,
+# guard_or_false, the size-oblivious checks); the answer changes when the
+# ShapeEnv learns something, while the key, which holds the expressions, does
+# not. So a symbolic entry of a backend (or higher-order) op is filed under
+# what the ShapeEnv knows *about the key's symbols*, as torch's
+# ShapeEnv._maybe_evaluate_static reads it: the replacements of those symbols
+# (followed), the value ranges of the symbols reached, the guards and
+# divisibility facts whose symbols are all among them, the deferred runtime
+# assertions on them, and which are size-like. A guard about other symbols
+# leaves the entry reachable; a new fact about its own selects a new sub-table.
+# The entry is filed under the knowledge before its kernel ran; a kernel that
+# taught the ShapeEnv about its own symbols is run once more
+# (Note [What the kernel taught] in _driver.py). After any sequence of hits the ShapeEnv holds
+# exactly what an uncached run leaves (test_symbols.py compares them).
 
 from __future__ import annotations
 
@@ -36,24 +25,15 @@ from typing import Any
 
 from torch._subclasses.fake_tensor import _BypassDispatchCache
 
-__all__ = ["UNKNOWN_SYMBOL", "check_own_symbols", "knowledge"]
-
-UNKNOWN_SYMBOL = "a symbol of another ShapeEnv than its mode's"
-"""The bypass reason of a key holding a symbol of another ShapeEnv."""
+from torch_cachepolicy._reasons import UNKNOWN_SYMBOL
 
 
 def check_own_symbols(key: Any, state: Any) -> None:
-    """Bypasses a key holding a SymNode of another ShapeEnv than ``state``'s.
+    """Bypasses (``UNKNOWN_SYMBOL``) a key holding a SymNode of another ShapeEnv than ``state``'s.
 
-    Keys compare symbols by expression, so a call whose inputs belong to
-    another ShapeEnv with equal symbol names may find an entry; rebuilding
-    its output expressions (torch's synthesis, a template) would put them,
-    and the guards later taken on them, in the wrong ShapeEnv. Stock
-    bypasses backend ops anyway, and inputs from several ShapeEnvs in one
-    mode are rare: a bypass costs little.
-
-    Raises:
-        _BypassDispatchCache: with :data:`UNKNOWN_SYMBOL`.
+    Keys compare symbols by expression, so inputs of another ShapeEnv with
+    equal symbol names may find an entry whose output expressions (and later
+    guards) would land in the wrong ShapeEnv.
     """
     shape_env = state.shape_env
     items = key.key

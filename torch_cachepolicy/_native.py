@@ -1,14 +1,10 @@
 """Loads ``torch_cachepolicy._C``, the package's native helpers, once for every module.
 
-Each Python module with a native part pairs with one source file of ``csrc/``
-(``keyset`` with ``keyset.cpp``, ``keybuilder`` with ``keybuilder.cpp``,
-``keyparts`` with ``keyparts.cpp``, ``synth`` with ``synth.cpp``;
-``csrc/module.cpp`` defines the extension) and asks this module for its
-entry points. When the extension is missing (built with ``USE_CPP=0``, no
-compiler, an import error) or ``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` is set at
-import, :func:`extension` is None, every module uses its pure-Python path,
-and the first module whose fallback is weaker than its native path (not only
-slower) says so once per process (:func:`warn_fallback_once`).
+Without the extension (``USE_CPP=0``, no compiler, an import error, or
+``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` at import) :func:`extension` is None and
+each module uses torch's own code instead (torch's key, torch's synthesis: the
+same answers, slower); the kernel watch, whose fallback is also weaker, says
+so once per process (:func:`warn_fallback_once`).
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ import os
 import warnings
 from types import ModuleType
 from typing import Any
-
-__all__ = ["FORCE_ENV", "backend", "extension", "fallback_reason", "function", "warn_fallback_once"]
 
 FORCE_ENV = "TORCH_CACHEPOLICY_FORCE_PYTHON"
 """Set to anything but ``""`` or ``"0"`` at import to use the pure-Python paths."""
@@ -69,7 +63,7 @@ def warn_fallback_once(consequences: str, *, stacklevel: int = 2) -> None:
 
     Args:
         consequences: what the caller's fallback does differently, in
-            sentences (``"kernel_keys answers are the same, only slower; ..."``).
+            sentences (``"Kernel fingerprints cost microseconds ..."``).
         stacklevel: as for :func:`warnings.warn`, counted from the caller.
     """
     global _warned

@@ -3,7 +3,8 @@
 ``FakeTensorMode(...)``, ``adopt(...)`` and ``export(...)`` all take
 ``cache_policy``, ``cache_store`` and ``cache_crosscheck``; they check them
 here, so a wrong argument gets the same message, naming the entry point and
-the parameter, wherever it was passed.
+the parameter, wherever it was passed. (Apart from :mod:`._names` because it
+needs the classes it checks for, whose module imports :mod:`._names`.)
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from torch_cachepolicy.opnames import describe_value
+from torch_cachepolicy._names import describe_value
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
-
-__all__ = ["check_cache_arguments", "check_crosscheck", "check_policy", "check_store"]
 
 _T = TypeVar("_T")
 
@@ -31,7 +30,7 @@ def check_cache_arguments(
     """Raises a TypeError naming ``api`` for an argument of the wrong type.
 
     Args:
-        api: the entry point, as the user calls it (``"FakeTensorMode"``).
+        api: the entry point, as the user calls it (``"torch_cachepolicy.FakeTensorMode"``).
         cache_policy: a ``CachePolicy`` or None.
         cache_store: a ``CacheStore`` or None.
         cache_crosscheck: a bool or None.

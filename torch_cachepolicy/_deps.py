@@ -1,0 +1,129 @@
+"""What an entry's kernel dispatched: the frames of misses being computed."""
+
+# Note [Entries cover inner ops]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An entry replays the ops its kernel dispatched too (a backend op calling another, invoke_subgraph's subgraph),
+# which may read the policy's context, be re-registered or denied, unseen by the outer key. So a miss opens a frame
+# where inner backend dispatches, cached or not, record their table keys and denied ops taint it. A tainted miss
+# becomes a negative entry, one with dependencies a Dependent, valid while each keeps its value (hits pass them on).
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import _DispatchCacheValidEntry
+
+if TYPE_CHECKING:
+    from torch_cachepolicy._routes import Route
+
+class Frame:
+    """A miss being computed."""
+
+    __slots__ = ("deps", "tainted")
+
+    def __init__(self) -> None:
+        self.tainted = False
+        self.deps: dict[Route, Hashable] = {}
+
+
+class Dependent:
+    """An entry whose kernel dispatched backend ops: valid while they are unchanged."""
+
+    __slots__ = ("deps", "entry")
+
+    def __init__(self, entry: _DispatchCacheValidEntry, deps: tuple[tuple[Route, Hashable], ...]) -> None:
+        self.entry = entry
+        self.deps = deps
+
+
+class Frames:
+    """One mode's open frames, per thread; ``open`` counts them in all threads, for the hit path's cheap test."""
+
+    __slots__ = ("_local", "_lock", "open")
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.open = 0
+        # `+=` is not atomic across threads; a lost update could hide an open frame from the hit path.
+        self._lock = threading.Lock()
+
+    def push(self) -> Frame:
+        """Opens a frame for a miss on this thread."""
+        frames: list[Frame] | None = getattr(self._local, "stack", None)
+        if frames is None:
+            frames = self._local.stack = []
+        frame = Frame()
+        frames.append(frame)
+        with self._lock:
+            self.open += 1
+        return frame
+
+    def pop(self, frame: Frame) -> None:
+        """Closes ``frame``, opened by :meth:`push` on this thread."""
+        with self._lock:
+            self.open -= 1
+        self._local.stack.remove(frame)
+
+    def stack(self) -> list[Frame]:
+        """This thread's open frames, outermost first (empty when none)."""
+        return getattr(self._local, "stack", None) or []
+
+    def record(self, route: Route, sub: Hashable) -> None:
+        """Records in this thread's open frames that ``route``'s op ran under ``sub``; a denied op taints them."""
+        frames = self.stack()
+        if route.taints:
+            for frame in frames:
+                frame.tainted = True
+            return
+        for frame in frames:
+            seen = frame.deps.setdefault(route, sub)
+            if seen != sub:
+                # Two values of one dependency: no single value can stand for this miss.
+                frame.tainted = True
+
+    def taint(self) -> None:
+        """Taints every open frame of this thread."""
+        for frame in self.stack():
+            frame.tainted = True
+
+    def still_valid(self, entry: Dependent, current: Callable[[Route], Hashable]) -> bool:
+        """Whether ``entry``'s dependencies keep their values; if so, they pass on to this thread's open frames."""
+        for route, sub in entry.deps:
+            if current(route) != sub:
+                return False
+        if self.open:
+            for route, sub in entry.deps:
+                self.record(route, sub)
+        return True
+
+
+def current_table_key(mode: Any, state: Any, route: Route) -> Hashable:
+    """What ``route``'s op depends on now (its table key), under ``mode``'s policy and settings."""
+    assert route.deps is not None
+    return route.deps.table_key(state.policy, mode.allow_fallback_kernels)
+
+
+def record(mode: Any, state: Any, route: Route, table_key: Hashable = None) -> None:
+    """Records ``route``'s dispatch in this thread's open frames (Note [Entries cover inner ops])."""
+    frames = state.frames
+    if not frames.stack():
+        return
+    if not route.taints:
+        if route.deps is None:
+            return
+        if table_key is None:
+            # A bypass, but its output (and the enclosing entry) depends on what a cached op's would.
+            table_key = current_table_key(mode, state, route)
+    frames.record(route, table_key)
+
+
+def record_rule(mode: Any, state: Any, func: OpOverload) -> None:
+    """Records a dispatch that a rule for the FakeTensorMode class answered, never reaching the cache."""
+    route = state.route(func)
+    if route.taints:
+        state.frames.taint()
+    elif route.deps is not None:
+        record(mode, state, route, current_table_key(mode, state, route))

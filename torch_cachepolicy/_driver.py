@@ -1,0 +1,315 @@
+"""A cached fake dispatch (:func:`cached_dispatch`), as functions of the mode and its :class:`~._state.CacheState`."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses import fake_tensor as _ft
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import (
+    _BypassDispatchCache,
+    _DispatchCacheBypassEntry,
+    _DispatchCacheKey,
+    _DispatchCacheValidEntry,
+)
+
+from torch_cachepolicy import _kernels, _reasons
+from torch_cachepolicy._deps import Dependent, Frame, current_table_key, record
+from torch_cachepolicy._key import cache_key
+from torch_cachepolicy._key_extension import check_visible, extend_key
+from torch_cachepolicy._names import context_value, unhashable_context
+from torch_cachepolicy._routes import BYPASS, HOP, POLICY, STOCK, Route
+from torch_cachepolicy._state import CacheState
+from torch_cachepolicy._symbols import check_own_symbols, knowledge
+from torch_cachepolicy._synth import stub_symint_output
+from torch_cachepolicy._verify import (
+    InputSnapshot,
+    check_backend_op,
+    check_backend_output,
+    crosscheck,
+    describe,
+    first_difference,
+    shape_env_state,
+    verify_entry,
+)
+from torch_cachepolicy.store import Table
+
+log = logging.getLogger(__name__)
+
+_StockMode = _ft.FakeTensorMode
+_tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
+_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
+_Entry = _DispatchCacheValidEntry | _DispatchCacheBypassEntry | Dependent
+
+# Sub-tables of a partition for entries that do not depend on a fake kernel.
+_STOCK_TABLE = ("stock",)
+_HOP_TABLE = "hop"
+
+
+def cached_dispatch(
+    mode: Any,
+    state: CacheState,
+    func: Any,
+    types: Sequence[type],
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> object:
+    """``FakeTensorMode._cached_dispatch_impl`` of a policy mode."""
+    if state.policy.identity is not state.synced_identity:
+        state.sync()
+    # An OpOverload's hash is a Python call: one lookup per dispatch; the route carries the rest per op.
+    route = state.routes.get(func)
+    if route is None:
+        route = state.route(func)
+    kind = route.kind
+    stats = route.stats
+    if kind is BYPASS:
+        stats.bypass(route.label)
+        if state.frames.open:
+            record(mode, state, route)
+        return mode._dispatch_impl(func, types, args, kwargs)
+    table_key: Hashable = None
+    try:
+        if kind is not STOCK:
+            table_key = _before_key(mode, state, route, args, kwargs)
+        key_state = _CacheKeyState(mode.shape_env)
+        key = cache_key(mode, key_state, func, args, kwargs, state.key_stats)
+        if route.slots is not None:
+            key = extend_key(key, route.slots, key_state, args, kwargs)
+        shape_env = key_state.shape_env if key_state.cache_on_shape_env() else None
+        if shape_env is not None and kind is not STOCK:
+            check_own_symbols(key, key_state)
+        # Raises for a key with a symbol shape_env does not know (_reasons.UNKNOWN_SYMBOL).
+        table = _table(state, route, table_key, key_state, shape_env)
+    except _BypassDispatchCache as e:
+        log.debug("bypass %s: %s", func, e.reason)
+        stats.bypass(e.reason)
+        return mode._dispatch_impl(func, types, args, kwargs)
+
+    entry: Any = table.get(key)
+    if type(entry) is Dependent:
+        entry = entry.entry if state.frames.still_valid(entry, lambda r: current_table_key(mode, state, r)) else None
+    elif isinstance(entry, _DispatchCacheBypassEntry):
+        stats.bypass(entry.reason)
+        if entry.reason == _reasons.RUNS_EXCLUDED:
+            state.frames.taint()
+        return mode._dispatch_impl(func, types, args, kwargs)
+    if entry is None:
+        return _miss(mode, state, route, _Call(key_state, key, table, table_key, shape_env, types, args, kwargs))
+    output = mode._output_from_cache_entry(key_state, entry, key, func, args)
+    stats.hits += 1
+    if mode.cache_crosscheck_enabled:
+        crosscheck(mode, output, func, types, args, kwargs)
+    return output
+
+
+def _before_key(
+    mode: Any, state: CacheState, route: Route, args: Sequence[object], kwargs: Mapping[str, object]
+) -> Hashable:
+    """The bypasses of a backend or higher-order op decided before its key; a backend op's table key."""
+    if mode.propagate_real_tensors:
+        # See Note [The kernel in effect]: the real kernel's outputs may replace the fake kernel's.
+        raise _BypassDispatchCache(_reasons.REAL_TENSORS)
+    if route.kind is not POLICY:
+        return None
+    assert route.deps is not None and route.slots is not None
+    table_key = route.deps.table_key(state.policy, mode.allow_fallback_kernels)
+    if state.frames.open:
+        record(mode, state, route, table_key)
+    if _kernels.profiled(table_key):
+        raise _BypassDispatchCache(_reasons.PROFILED)
+    if route.slots.opaque:
+        check_visible(route.slots, route.immutable, args, kwargs)
+    return table_key
+
+
+def _table(state: CacheState, route: Route, table_key: Hashable, key_state: _CacheKeyState, shape_env: Any) -> Any:
+    """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
+    if route.kind is POLICY:
+        where = table_key
+        if shape_env is not None:
+            where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols)
+        try:
+            return state.partition.table(where, shape_env)
+        except TypeError:
+            raise unhashable_context(route.func, table_key[0]) from None  # type: ignore[index]
+    if route.private or state.isolated:
+        return _private_table(state, route, shape_env, key_state)
+    if shape_env is not None:
+        return shape_env.fake_tensor_cache
+    return _StockMode.cache
+
+
+def _private_table(state: CacheState, route: Route, shape_env: Any, key_state: _CacheKeyState) -> Table:
+    if route.kind is not HOP:
+        return state.partition.table(_STOCK_TABLE, shape_env)
+    # A HOP's entry replays its subgraph's ops, backend ops included: its sub-table holds the policy's context,
+    # whether the Python dispatcher (preferring py_impl kernels) is on and, with symbols, what the ShapeEnv knows.
+    policy = state.policy
+    context = context_value(policy, route.func) if policy.has_context else None
+    known = None if shape_env is None else knowledge(shape_env, key_state.known_symbols)
+    dispatcher = _tls_key_included(_PYTHON_DISPATCHER)
+    try:
+        return state.partition.table((_HOP_TABLE, context, known, dispatcher), shape_env)
+    except TypeError:
+        raise unhashable_context(route.func, context) from None
+
+
+class _Call(NamedTuple):
+    """One call's key and where its entry goes, handed from the lookup to the miss."""
+
+    key_state: _CacheKeyState
+    key: _DispatchCacheKey
+    table: Any
+    table_key: Hashable
+    shape_env: Any
+    types: Sequence[type]
+    args: Sequence[object]
+    kwargs: Mapping[str, object]
+
+
+def _run(mode: Any, state: CacheState, route: Route, call: _Call) -> tuple[object, Frame]:
+    """Runs the kernel uncached inside a frame that records what it dispatched."""
+    frame = state.frames.push()
+    try:
+        output = mode._dispatch_impl(route.func, call.types, call.args, call.kwargs)
+    finally:
+        state.frames.pop(frame)
+    return output, frame
+
+
+def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
+    """Runs the kernel, reaches a verdict on the entry it would make, and stores it."""
+    snapshot = InputSnapshot(call.args, call.kwargs)
+    # A backend kernel must not create symbols nor, if it saw none, teach the ShapeEnv (a hit would not).
+    watch_env = route.kind is not STOCK and mode.shape_env is not None
+    env_before = shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) if watch_env else None
+    output, frame = _run(mode, state, route, call)
+    in_torch_storage = call.table is _StockMode.cache or (
+        call.shape_env is not None and call.table is call.shape_env.fake_tensor_cache
+    )
+    try:
+        entry = _entry(mode, route, call, output, in_torch_storage)
+    except _BypassDispatchCache as e:
+        # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
+        route.stats.bypass(e.reason)
+        if in_torch_storage:
+            return output
+        _store(state, route, call, _DispatchCacheBypassEntry(e.reason), [call.table])
+        return output
+    try:
+        _verify(mode, route, call, entry, output, snapshot, frame, env_before)
+    except _BypassDispatchCache as e:
+        log.debug("negative entry for %s: %s", route.func, e.reason)
+        route.stats.bypass(e.reason)
+        if e.reason == _reasons.RUNS_EXCLUDED:
+            state.frames.taint()
+        entry = _DispatchCacheBypassEntry(e.reason)
+    else:
+        route.stats.misses += 1
+        if frame.deps:
+            entry = Dependent(entry, tuple(frame.deps.items()))  # type: ignore[arg-type]
+    tables = [call.table]
+    if in_torch_storage and not isinstance(entry, _DispatchCacheValidEntry):
+        # A stock mode may put the rejected entry into torch's storage, which cannot hold our verdicts
+        # or dependencies: the op's entries now stay in our store (Note [Entries that must reproduce aliasing]).
+        state.keep_private(route)
+        tables = [_private_table(state, route, call.shape_env, call.key_state)]
+    if call.shape_env is not None and route.kind is not STOCK and not isinstance(entry, _DispatchCacheBypassEntry):
+        taught = _table(state, route, call.table_key, call.key_state, call.shape_env)
+        if taught is not tables[0] and _same_when_rerun(mode, state, route, call, output, taught):
+            tables.append(taught)
+    _store(state, route, call, entry, tables)
+    return output
+
+
+def _entry(mode: Any, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
+    """torch's entry for this output, after the schema checks of a backend op."""
+    func: Any = route.func
+    if route.kind is POLICY:
+        check_backend_op(func, call.args, explicit=route.explicit)
+        assert route.deps is not None
+        if call.shape_env is None and route.deps.runs_backend_fallback():
+            raise _BypassDispatchCache(_reasons.BACKEND_FALLBACK)
+    entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)
+    return entry if in_torch_storage else stub_symint_output(entry, call.key_state, call.key)
+
+
+def _verify(
+    mode: Any,
+    route: Route,
+    call: _Call,
+    entry: Any,
+    output: object,
+    snapshot: InputSnapshot,
+    frame: Frame,
+    env_before: tuple[object, ...] | None,
+) -> None:
+    """Bypasses unless a hit of ``entry`` would be exactly this uncached run."""
+    changed = snapshot.changed()
+    if changed is not None:
+        raise _BypassDispatchCache(_reasons.input_changed(changed))
+    if frame.tainted:
+        raise _BypassDispatchCache(_reasons.RUNS_EXCLUDED)
+    if route.kind is POLICY:
+        check_backend_output(call.key_state, route.func, call.args, output)  # type: ignore[arg-type]
+    if env_before is not None and shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) != env_before:
+        raise _BypassDispatchCache(_reasons.SHAPE_ENV_CHANGED)
+    verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output)  # type: ignore[arg-type]
+
+
+def _same_when_rerun(mode: Any, state: CacheState, route: Route, call: _Call, output: object, taught: Any) -> bool:
+    """Whether the kernel, run again with what its first run taught the ShapeEnv, returns the same and teaches nothing."""
+    # Note [What the kernel taught]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # Entries are filed under what the ShapeEnv knew before the kernel ran (Note [What the ShapeEnv knows]).
+    # A kernel guarding on its own symbols changes that, so later calls would look elsewhere and miss again. So it
+    # runs twice: if the rerun returns an equal output (metadata, symbols by expression, aliasing) and teaches
+    # nothing, the entry is filed under the new knowledge too. Every hit stands for a run that teaches nothing.
+    snapshot = InputSnapshot(call.args, call.kwargs)
+    again, frame = _run(mode, state, route, call)
+    if frame.tainted or snapshot.changed() is not None:
+        return False
+    if _table(state, route, call.table_key, call.key_state, call.shape_env) is not taught:
+        return False
+    return first_difference(describe(again, call.args, call.kwargs), describe(output, call.args, call.kwargs)) is None
+
+
+def _store(state: CacheState, route: Route, call: _Call, entry: _Entry, tables: list[Any]) -> None:
+    key = call.key
+    if call.shape_env is not None:
+        # Entries must not keep a ShapeEnv alive (torch does the same).
+        key.strip_shape_env()
+    for table in tables:
+        table[key] = entry
+        if isinstance(table, Table) and route.kind is HOP:
+            for leaf in pytree.tree_leaves((call.args, call.kwargs)):
+                owner = _id_hashed_owner(leaf)
+                if owner is not None:
+                    weakref.finalize(owner, _evict, weakref.ref(table), key)
+
+
+def _evict(table_ref: weakref.ref[Table], key: _DispatchCacheKey) -> None:
+    table = table_ref()
+    if table is not None:
+        table.pop(key, None)
+
+
+def _id_hashed_owner(leaf: object) -> object | None:
+    """The object whose id torch put in a key for ``leaf`` (``FakeTensorMode._prep_args_for_hash``), or None."""
+    from torch._higher_order_ops.auto_functionalize import FunctionalCallableWithEpilogue
+    from torch._higher_order_ops.utils import SubgraphCallableWrapper
+
+    if isinstance(leaf, torch.fx.GraphModule):
+        return leaf
+    if isinstance(leaf, SubgraphCallableWrapper):
+        return leaf.subgraph
+    if isinstance(leaf, FunctionalCallableWithEpilogue):
+        return leaf.orig_callable
+    return None
