@@ -31,7 +31,7 @@ TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_
 	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
 
 .PHONY: install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
-	test-torch214 bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
+	test-torch214 test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
 
 $(PYTHON):
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
@@ -106,6 +106,33 @@ bench-executorch-split: bench-install
 	$(PYTHON) -m benchmarks.executorch --flow ethos-u55 --model large --repeats 0 --split \
 		--json bench-results/executorch-large-limit.json
 
+# The C++ helper under AddressSanitizer and UndefinedBehaviorSanitizer (docs/reliability.md, "Sanitizers"):
+# _C built with -fsanitize=address,undefined into $(SAN_DIR)/lib beside a copy of the package's Python
+# files, and the tests that drive every native path run with that copy first on the path (it
+# shadows the editable install; test_keyset checks that it is the one loaded), the runtimes
+# preloaded and PYTHONMALLOC=malloc, so that CPython's objects are ASan's allocations too. Any report aborts the run (halt_on_error; UB is not recovered from);
+# --capture=sys leaves file descriptor 2 alone, so the report reaches the terminal.
+SAN_DIR := build-sanitizers
+SAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
+SAN_TESTS := test_keyset.py test_keyparts.py test_keybuilder.py test_synth.py test_mode.py test_kernel_zoo.py \
+	test_symbols.py
+SAN_ENV := LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	PYTHONMALLOC=malloc TORCH_CACHEPOLICY_SANITIZED=$$root/$(SAN_DIR)/lib
+
+$(SAN_DIR)/.built: $(INSTALLED) $(wildcard csrc/*)
+	CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+		$(PYTHON) setup.py -q build_ext --build-lib $(SAN_DIR)/lib --build-temp $(SAN_DIR)/temp
+	touch $@
+
+test-sanitizers: $(SAN_DIR)/.built
+	@set -e; start=$$(date +%s); root=$$(pwd); \
+	git ls-files -co --exclude-standard torch_cachepolicy | grep -E '\.py$$|py\.typed$$' | tar -cf - -T - | tar -xf - -C $(SAN_DIR)/lib; \
+	cd $(SAN_DIR)/lib; \
+	$(SAN_ENV) $$root/$(PYTHON) -m pytest -q --capture=sys -o pythonpath="$$root/$(SAN_DIR)/lib $$root" \
+		$(addprefix $$root/test/,$(SAN_TESTS)); \
+	echo "[test-sanitizers] took $$(( $$(date +%s) - start )) s (build not included)"
+
 # torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
 # The package is installed editable from a copy of the tree, so its _C is built
 # against 2.14's headers without touching the 2.13 build in this tree. The copy
@@ -126,10 +153,10 @@ test-torch214:
 
 # Lint first so that a pytest summary is the last thing printed; the ExecuTorch
 # tier runs after the main tests, the torch 2.14 tier last.
-test: install lint test-fallback test-main test-executorch test-torch214
+test: install lint test-fallback test-main test-sanitizers test-executorch test-torch214
 
 clean:
-	rm -rf build *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED) $(BENCH_INSTALLED)
+	rm -rf build $(SAN_DIR) *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED) $(BENCH_INSTALLED)
 
 clean-venvs:
 	rm -rf $(VENV) $(VENV214)

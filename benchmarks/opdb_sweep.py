@@ -31,7 +31,7 @@ TEST_DIR = pathlib.Path(__file__).resolve().parent.parent / "test"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.opdb_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="every sample of each op and dtype")
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th OpInfo, from the i-th")
     parser.add_argument("--out", type=pathlib.Path, help="also write the figures here")

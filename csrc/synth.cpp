@@ -129,8 +129,8 @@ py::object meta_view_of(
 // (meta_template) serves the rest: meta_fresh_like puts this call's SymInts,
 // taken from this call's key as torch takes them (_SymIntOutputStub.extract),
 // on a fresh storage of the template's size, so the output holds this call's
-// SymNodes (a tracer maps proxies by SymNode); meta_view_like puts them on the
-// view argument's storage, as torch's set_ does. Derived fields (numel,
+// SymNodes (a tracer maps proxies by SymNode). A symbolic view stays torch's (its
+// set_ compares SymInts, which a tracer records). Derived fields (numel,
 // contiguity) stay uncomputed, as on torch's output: computing one may guard.
 // The template's storage size belongs to its ShapeEnv: _synth.py uses it only
 // for calls whose SymInts belong to that ShapeEnv.
@@ -208,21 +208,6 @@ py::object meta_fresh_like(
   return out;
 }
 
-py::object meta_view_like(
-    const py::handle& templ,
-    const py::handle& base,
-    c10::SymIntArrayRef sizes,
-    c10::SymIntArrayRef strides,
-    const c10::SymInt& storage_offset) {
-  const at::Tensor src = checked_meta(templ, "meta_view_like(...)");
-  const at::Tensor source = checked_meta(base, "meta_view_like(...)");
-  check_rank(sizes, strides, "meta_view_like(...)");
-  // torch's synthesis of a view: empty_strided with the entry's sizes, then
-  // set_(base's storage, offset, sizes, strides): this call's SymInts on
-  // this call's base's storage, the template's dtype.
-  return meta_on(c10::Storage(source.storage()), src.dtype(), sizes, strides, storage_offset);
-}
-
 } // namespace
 
 void init_synth(py::module& m) {
@@ -265,16 +250,6 @@ void init_synth(py::module& m) {
       "A new meta tensor with these (symbolic) sizes, strides and offset and\n"
       "template's dtype, on a fresh meta storage of template's storage size,\n"
       "without dispatch. See Note [Symbolic hits from a template].");
-  m.def(
-      "meta_view_like",
-      &meta_view_like,
-      py::arg("template"),
-      py::arg("base"),
-      py::arg("sizes"),
-      py::arg("strides"),
-      py::arg("storage_offset"),
-      "A new meta tensor of template's dtype with these (symbolic) sizes,\n"
-      "strides and offset on base's storage: a view op's hit, without dispatch.");
 }
 
 } // namespace torch_cachepolicy

@@ -426,6 +426,28 @@ class TestAdoptedPrograms(TestCase):
         self.assertGreater(mode.cache_report()[q_per_tensor].hits, 0)
         self.assertIs(detect_fake_mode(placeholder_vals(decomposed.graph_module)), mode)
 
+    def test_run_decompositions_of_a_mutating_op_does_not_ask_the_context(self) -> None:
+        """auto_functionalized of another namespace's op caches without asking a hook that raises outside its lowering."""
+
+        class Mutates(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                y = x.clone()
+                torch.ops.tcp_test.mut(y)  # functionalized into auto_functionalized_v2 by run_decompositions
+                return testing.qdq(y) + 1
+
+        def outside_lowering() -> object:
+            raise RuntimeError("no TosaLoweringContext is open")
+
+        def decomposed_code(policy: tcp.CachePolicy | None) -> str:
+            ep = export(Mutates(), (torch.randn(4, 3),), dynamic_shapes={"x": {0: Dim("batch")}})
+            if policy is not None:
+                adopt(ep, cache_policy=policy)
+            return ep.run_decompositions().graph_module.code
+
+        policy = tcp.CachePolicy(namespaces=["quantized_decomposed"], context_key=outside_lowering, context_namespaces=["tosa"])
+        self.assertIn("auto_functionalized", decomposed_code(None))
+        self.assertEqual(decomposed_code(policy), decomposed_code(None))
+
     @parametrize("dynamic", [False, True])
     def test_replay_matches_the_original_mode(self, dynamic: bool) -> None:
         """An ExportPass-like replay gives the same metadata under the adopted mode as under the original."""

@@ -49,12 +49,13 @@ from benchmarks.replay import (
 )
 from benchmarks.replay import runner as bench_runner
 from benchmarks.replay import suite as bench_suite
+from benchmarks.replay.audit import audit_configuration
 from benchmarks.replay.configs import GlobalPatch, Policy, make_configurations
 from benchmarks.replay.exportpass import fake_inputs, replay
 from benchmarks.replay.metadata import capture, first_difference
 from benchmarks.replay.runner import run_series, run_workload
 from benchmarks.replay.targets import KINDS, STATUSES, Target, evaluate_targets, judges_timings
-from benchmarks.replay.workloads import build_workload
+from benchmarks.replay.workloads import Workload, build_workload
 
 K = 2  # replays per series: the second replay is where caches answer
 TINY_RUN = [
@@ -211,18 +212,32 @@ class TestBenchCommand(TestCase):
 
 
 def _synthetic_results(
-    settings: Settings, *, ratio: float, policy_hits: int, patch_hits: int, names: Sequence[str] = ("qdq", "dialect", "aten-only")
+    settings: Settings,
+    *,
+    ratio: float,
+    policy_hits: int,
+    patch_hits: int,
+    names: Sequence[str] = ("qdq", "dialect", "aten-only"),
+    policy_stale: int = 0,
+    policy_relearnt: int = 0,
 ) -> dict[str, Any]:
-    """A results document with every time ratio equal to ``ratio`` and the given hit counts."""
+    """A results document with every time ratio equal to ``ratio`` and the given hit counts (and audit)."""
 
     def counts(hits: int) -> dict[str, Any]:
         return {"hits": hits, "misses": 1, "bypasses": 0, "bypass_reasons": {}}
+
+    def audit(served: int, stale: int, relearnt: int) -> dict[str, Any]:
+        return {"served": served, "stale": stale, "correct": served - stale, "relearnt": relearnt}
 
     workload = {
         "ratios": {name: {"median": ratio} for name, _, _ in RATIOS},
         "configs": {
             "policy": {"counts_per_round": [counts(policy_hits)] * 2},
             "global-patch": {"counts_per_round": [counts(patch_hits)] * 2},
+        },
+        "audit": {
+            "policy": audit(policy_hits, policy_stale, policy_relearnt),
+            "global-patch": audit(patch_hits, 0, 0),
         },
     }
     return {
@@ -260,15 +275,29 @@ class TestTargetVerdicts(TestCase):
     def test_counts_are_judged_by_every_run(self, settings: Settings) -> None:
         """Cache outcomes are exact: equal ones PASS and different ones FAIL, in a quick run too."""
         self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=5), "counts", {"PASS"})
-        self.assertStatuses(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=6), "counts", {"FAIL"})
+        differ = evaluate_targets(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=6))
+        self.assertEqual({t.status for t in differ if t.name.startswith("policy's hits, misses")}, {"FAIL"})
 
-    @parametrize("policy_hits, status", [(5, "PASS"), (6, "PASS"), (4, "FAIL")])
-    def test_symbolic_counts_need_at_least_the_patchs_hits(self, policy_hits: int, status: str) -> None:
-        """On the symbolic workload the policy may hit more than the patch (Note [What the ShapeEnv knows]), not less."""
-        results = _synthetic_results(FULL, ratio=1.0, policy_hits=policy_hits, patch_hits=5, names=("symbolic",))
+    @parametrize("policy_hits, relearnt, status", [(5, 0, "PASS"), (6, 0, "PASS"), (4, 1, "PASS"), (4, 0, "FAIL")])
+    def test_symbolic_counts_need_the_patchs_right_hits(self, policy_hits: int, relearnt: int, status: str) -> None:
+        """On symbolic the policy serves every call the patch serves right, but a first call after new knowledge."""
+        results = _synthetic_results(
+            FULL, ratio=1.0, policy_hits=policy_hits, patch_hits=5, names=("symbolic",), policy_relearnt=relearnt
+        )
         verdicts = {t.name: t.status for t in evaluate_targets(results)}
-        self.assertEqual(verdicts["policy's hits at least global-patch's on symbolic"], status)
+        name = (
+            "policy serves every call global-patch serves right on symbolic, "
+            "but a node's first call after new ShapeEnv knowledge"
+        )
+        self.assertEqual(verdicts[name], status)
         self.assertEqual(verdicts["policy at most 0.75x global-patch on symbolic"], "FAIL")  # ratio 1.0
+
+    def test_a_stale_served_call_fails(self) -> None:
+        """One served call that an uncached dispatch answers differently fails the run's counts."""
+        results = _synthetic_results(QUICK, ratio=1.0, policy_hits=5, patch_hits=5, names=("qdq",), policy_stale=1)
+        verdicts = {t.name: t.status for t in evaluate_targets(results)}
+        self.assertEqual(verdicts["every call the policy's cache served equals an uncached dispatch on qdq"], "FAIL")
+
 
     def test_short_run_prints_no_fail_and_says_why(self) -> None:
         """A one-round run with --strict judges counts and memory only, exits 0, and says its timings are indicative."""
@@ -286,7 +315,7 @@ class TestTargetVerdicts(TestCase):
         self.assertEqual(statuses, {"timing": {"INDICATIVE", "SKIP"}, "counts": {"PASS"}, "memory": {"PASS"}})
         self.assertExpectedInline(
             markdown.rstrip().splitlines()[-1],
-            """Summary: 4 targets judged: 4 PASS, 0 FAIL; 10 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
+            """Summary: 6 targets judged: 6 PASS, 0 FAIL; 10 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
         )
 
     def test_strict_fails_on_a_judged_target(self) -> None:
@@ -400,9 +429,43 @@ class TestExecutorchPackage(TestCase):
             flow.build_model("huge")
 
 
+_AUDIT_NS = "tcp_bench_audit"
+_audit_lib = torch.library.Library(_AUDIT_NS, "DEF")  # noqa: TOR901
+_audit_lib.define("pure(Tensor x) -> Tensor")
+_audit_lib.define("counter(Tensor x) -> Tensor")
+_counter_calls = [0]
+
+
+@torch.library.register_fake(f"{_AUDIT_NS}::pure", lib=_audit_lib)
+def _pure(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake(f"{_AUDIT_NS}::counter", lib=_audit_lib)
+def _counter(x: torch.Tensor) -> torch.Tensor:
+    _counter_calls[0] += 1  # undeclared state: every uncached dispatch answers another shape
+    return x.new_empty(_counter_calls[0])
+
+
+def _one_op_workload(op: torch._ops.OpOverload) -> Workload:
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(op, (graph.placeholder("x"),)))
+    return Workload("audit", "one op", torch.fx.GraphModule(torch.nn.Module(), graph), (torch.ones(4),))
+
+
+class TestAudit(TestCase):
+    @parametrize("name, stale", [("pure", 0), ("counter", 2)])
+    def test_audit_reruns_every_served_call(self, name: str, stale: int) -> None:
+        """The audit re-runs each served call uncached and counts those that differ (a stateful kernel's)."""
+        op = getattr(torch.ops, _AUDIT_NS).__getattr__(name).default
+        audit = audit_configuration(Policy((_AUDIT_NS,)), _one_op_workload(op), replays=3)
+        self.assertEqual((audit.served, audit.stale), (2, stale))
+
+
 instantiate_parametrized_tests(TestBenchReplays)
 instantiate_parametrized_tests(TestGlobalPatchBaseline)
 instantiate_parametrized_tests(TestTargetVerdicts)
+instantiate_parametrized_tests(TestAudit)
 
 if __name__ == "__main__":
     run_tests()

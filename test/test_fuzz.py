@@ -546,6 +546,15 @@ ZOO_CASES = [c for c in zoo.CASES if c.limit is None]
 ZOO_ALLOWED = ["inplace_overlap", "mut_resize", "mut_unsqueeze", "mut_none", "out_kwarg", "mut_returns_view"]
 # Kernels the events re-register (each version returns a 1-, 2- or 3-element tensor).
 ZOO_SWAPPABLE = ["swap_fake", "swap_custom_op", "swap_meta", "swap_composite", f"{zoo.CTX_NS}::swappable"]
+# The fuzz policies' context_key(): for the next _FRESH_CONTEXT[0] calls (an event sets it), values that never repeat.
+_FRESH_CONTEXT = [0]
+
+
+def _fuzz_context() -> object:
+    if _FRESH_CONTEXT[0] > 0:
+        _FRESH_CONTEXT[0] -= 1
+        return (zoo.ambient_context(), object())
+    return zoo.ambient_context()
 
 
 @dataclass
@@ -560,7 +569,8 @@ class ZooWorlds:
 
 
 class ZooFuzzer:
-    """Random sequences of zoo calls and events (context, default dtype, kernel swaps, new subgraphs).
+    """Random sequences of zoo calls and events (context, default dtype, kernel swaps, new subgraphs, contexts that
+    never repeat).
 
     Each call runs in a cached world under the mode and in a reference world under
     ``disable_fake_tensor_cache(mode)``, on identically built inputs (or on the inputs the previous call of that
@@ -593,7 +603,7 @@ class ZooFuzzer:
     @staticmethod
     def policy(deny_inner: bool) -> tcp.CachePolicy:
         # Equal rules and the same context hook: modes sharing the store share entries.
-        policy = tcp.CachePolicy(namespaces=[zoo.NS, zoo.CTX_NS], context_key=zoo.ambient_context)
+        policy = tcp.CachePolicy(namespaces=[zoo.NS, zoo.CTX_NS], context_key=_fuzz_context)
         for name in ZOO_ALLOWED:
             policy.register_op(zoo.op(name))
         if deny_inner:
@@ -605,10 +615,14 @@ class ZooFuzzer:
             if c.reset is not None:
                 c.reset()
         torch.set_default_dtype(torch.float32)
+        _FRESH_CONTEXT[0] = 0
 
     def event(self) -> None:
-        kind = self.r.choice(["ambient", "default dtype", "swap", "subgraphs", "deny", "clear"])
-        if kind == "ambient":
+        kind = self.r.choice(["ambient", "default dtype", "swap", "subgraphs", "deny", "clear", "fresh context"])
+        if kind == "fresh context":
+            _FRESH_CONTEXT[0] = self.r.randint(1, 8)
+            self.log.append(f"the next {_FRESH_CONTEXT[0]} context_key() values never repeat")
+        elif kind == "ambient":
             zoo.AMBIENT["dtype"] = self.r.choice([torch.float32, torch.float64, torch.float16])
             self.log.append(f"AMBIENT -> {zoo.AMBIENT['dtype']}")
         elif kind == "default dtype":

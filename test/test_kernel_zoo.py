@@ -38,6 +38,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
+from torch_cachepolicy import _reasons
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _CROSSCHECK_ERROR = f"{tcp.CrosscheckError.__module__}.{tcp.CrosscheckError.__qualname__}"
@@ -340,6 +341,7 @@ class ZooTestCase(TestCase):
             env = zoo.Env.make(mode, case.symbolic)
             cached_world, reference_world = World(), World()
             cached = reference = None
+            caught = 0
             with mode, logging_disabled():
                 for i, step in enumerate(case.steps):
                     action = case.actions.get(i)
@@ -350,6 +352,9 @@ class ZooTestCase(TestCase):
                     runs = _kernel_runs(mode, case.op)
                     got = describe_call(case.callee, cached.args, cached.kwargs, cached_world)
                     ran = _kernel_runs(mode, case.op) - runs
+                    if crosscheck and case.caught_by_crosscheck and got.raised == _CROSSCHECK_ERROR:
+                        caught += 1
+                        continue
                     with disable_fake_tensor_cache(mode):
                         want = describe_call(case.callee, reference.args, reference.kwargs, reference_world)
                     self.assertSameDispatch(got, want, msg=f"{case.name} call {i} ({step})")
@@ -359,10 +364,15 @@ class ZooTestCase(TestCase):
                     observable = (cache and not crosscheck) or case.op.namespace in (zoo.NS, zoo.CTX_NS)
                     if case.runs_every_call and observable and not ran:
                         self.fail(f"{case.name} call {i} ({step}): the kernel of {case.op} did not run")
+            if crosscheck and case.caught_by_crosscheck:
+                self.assertGreater(caught, 0, msg=f"{case.name}: crosscheck did not catch the limit")
         finally:
             if case.reset is not None:
                 case.reset()
         return mode
+
+
+_CROSSCHECK_ERROR = f"{tcp.CrosscheckError.__module__}.{tcp.CrosscheckError.__qualname__}"
 
 
 # Where a NaN argument sits: the zoo op taking it, and how the argument wraps the NaN.
@@ -446,6 +456,26 @@ class TestKernelZoo(ZooTestCase):
                     want = describe_call(fn, (ref, make_arg(nan)), {}, reference_world)
                 self.assertSameDispatch(got, want, msg=f"{name} call {i}")
         self.assertLessEqual(len(mode.cache_store) - size, 1, msg=f"the store grew per NaN call:\n{mode.cache_report()}")
+
+    @parametrize("crosscheck", [False, True])
+    @parametrize("fresh", ["object", "nan"])
+    def test_context_that_never_repeats_is_bounded(self, fresh: str, crosscheck: bool) -> None:
+        """100 calls under context values equal only to themselves match uncached dispatch; the store stops at 64."""
+        make: Callable[[], object] = object if fresh == "object" else (lambda: -math.nan)
+        fn = zoo.op("ambient_declared")
+        policy = tcp.CachePolicy(namespaces=[zoo.NS], context_key=lambda: ("TOSA-1.0+INT", make()))
+        mode = tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=crosscheck)
+        cached_world, reference_world = World(), World()
+        with mode:
+            x, ref = torch.empty(3), torch.empty(3)
+            for i in range(100):
+                got = describe_call(fn, (x,), {}, cached_world)
+                with disable_fake_tensor_cache(mode):
+                    want = describe_call(fn, (ref,), {}, reference_world)
+                self.assertSameDispatch(got, want, msg=f"call {i}")
+        row = mode.cache_report()[fn]
+        self.assertEqual((row.hits, row.misses, row.bypasses), (0, 64, {_reasons.CONTEXT_NEVER_REPEATS: 36}))
+        self.assertEqual(len(mode.cache_store), 64)
 
     def test_describe_call_sees_differences(self) -> None:
         """The comparison itself: offsets, storage sharing, identity, fresh vs replayed symbols and errors all count."""

@@ -329,6 +329,10 @@ class TestKernelWatch(TestCase):
             self.assertAllDistinct(seen)
 
     @unittest.skipIf(_C is None, NO_CPP_REASON)
+    @unittest.skipIf(
+        bool(os.environ.get("TORCH_CACHEPOLICY_SANITIZED")),
+        "under AddressSanitizer a freed address is quarantined, never handed straight back: no reuse to detect",
+    )
     def test_reused_kernel_address_detected(self) -> None:
         """A new kernel at a dead kernel's address (ABA) still changes the fingerprint."""
         assert _C is not None
@@ -353,6 +357,14 @@ class TestKernelWatch(TestCase):
             # Without reuse this test would prove nothing about ABA. The
             # allocator hands the freed list node straight back in practice.
             self.assertGreater(reused, 0)
+
+    @unittest.skipUnless(os.environ.get("TORCH_CACHEPOLICY_SANITIZED"), "only under make test-sanitizers")
+    def test_sanitized_helper_is_loaded(self) -> None:
+        """Under make test-sanitizers the tests run the sanitized _C (its build directory), with ASan loaded."""
+        assert _C is not None
+        self.assertTrue(_C.__file__.startswith(os.environ["TORCH_CACHEPOLICY_SANITIZED"]), msg=_C.__file__)
+        with open("/proc/self/maps") as maps:
+            self.assertIn("libasan", maps.read())
 
     @parametrize("backend", ["cpp", "python"])
     def test_missing_operator(self, backend: str) -> None:

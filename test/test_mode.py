@@ -33,7 +33,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _driver, _key, _verify
+from torch_cachepolicy import _driver, _key, _rules, _verify
 from torch_cachepolicy.report import KeyStats
 
 conv, pair, dyn, size0 = testing.op("conv"), testing.op("pair"), testing.op("dyn"), testing.op("size0")
@@ -874,6 +874,22 @@ tcp_test::dyn.default                                 0       0  unbacked symbol
         )
 
 
+    def test_report_lookup_errors(self) -> None:
+        """Looking up a packet names the overloads dispatched; an op never dispatched says so."""
+        with tcp.FakeTensorMode(cache_policy=testing.backend_policy()) as mode:
+            conv(torch.empty(1, 1, 2, 2), 1)
+        report = mode.cache_report()
+        errors = []
+        for op in (torch.ops.tcp_test.conv, torch.ops.tcp_test.pair, torch.ops.tcp_test.pair.default):
+            with self.assertRaises(KeyError) as caught:
+                report[op]
+            errors.append(caught.exception.args[0])
+        self.assertExpectedInline("\n".join(errors), """\
+torch_cachepolicy.CacheReport[...]: tcp_test::conv has a row per overload; pass one of ['tcp_test::conv.default']
+torch_cachepolicy.CacheReport[...]: no overload of tcp_test::pair was dispatched by this mode
+torch_cachepolicy.CacheReport[...]: tcp_test::pair.default was not dispatched by this mode""")
+
+
 class TestHigherOrderOps(CachePolicyTestCase):
     def test_cond(self) -> None:
         """torch.cond dispatches under the subclass as under stock."""
@@ -941,6 +957,25 @@ class TestHigherOrderOps(CachePolicyTestCase):
         for mode in (StockMode(), tcp.FakeTensorMode()):
             with mode:
                 self.assertEqual(late_hop(torch.empty(2)).shape, (7,))
+
+    def test_context_hook_is_asked_only_by_its_namespaces(self) -> None:
+        """Inside invoke_subgraph the context hook is asked by ops of context_namespaces only, not by the HOP."""
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        def outside_lowering() -> object:
+            raise RuntimeError("no TosaLoweringContext is open")
+
+        policy = testing.backend_policy(context_key=outside_lowering, context_namespaces=["quantized_decomposed"])
+        plain = torch.fx.symbolic_trace(lambda x: (conv(x, 1).sin(),))
+        quantizing = torch.fx.symbolic_trace(lambda x: (q_per_tensor(x, 0.1, 0, -128, 127, torch.int8),))
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(1, 1, 3, testing.fresh_size())
+            for _ in range(2):
+                self.assertEqual(invoke_subgraph(plain, "plain", x)[0].shape, conv(x, 1).shape)
+            with self.assertRaisesRegex(RuntimeError, r"^torch_cachepolicy\.CachePolicy\.context_key\(\): raised "):
+                invoke_subgraph(quantizing, "quantizing", x)
+        self.assertEqual(mode.cache_report()["invoke_subgraph"].hits, 1)
 
     def test_invoke_subgraph_entry_dies_with_its_graph(self) -> None:
         """A GraphModule-keyed entry leaves this mode's store when the module dies."""
@@ -1097,6 +1132,63 @@ class TestLifetime(CachePolicyTestCase):
 
 def _make(kind: str) -> Any:
     return StockMode() if kind == "stock" else tcp.FakeTensorMode()
+
+
+class TestDirectEntry(CachePolicyTestCase):
+    """Note [Entering the cache directly]: stock's dispatch preamble is skipped only when it would do nothing."""
+
+    def calls_through_stock_dispatch(self, calls: int) -> int:
+        """How many of ``calls`` relu dispatches went through stock FakeTensorMode.dispatch."""
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+        x = mode.from_tensor(torch.zeros(3, 5))
+        with mock.patch.object(StockMode, "dispatch", autospec=True, side_effect=StockMode.dispatch) as stock:
+            with mode:
+                for _ in range(calls):
+                    torch.ops.aten.relu.default(x)
+        self.assertHitsMisses(mode, calls - 1, 1)
+        return sum(1 for c in stock.call_args_list if c.args[1] is torch.ops.aten.relu.default)
+
+    def test_routed_op_skips_stock_dispatch(self) -> None:
+        """Only the first call of an op goes through stock dispatch; the hits after it do not."""
+        self.assertEqual(self.calls_through_stock_dispatch(4), 1)
+
+    def test_changed_stock_dispatch_keeps_stock_path(self) -> None:
+        """A torch whose dispatch does something else (other names) gets every call."""
+        with mock.patch.object(_rules, "STOCK_DISPATCH_KNOWN", False):
+            self.assertEqual(self.calls_through_stock_dispatch(4), 4)
+
+    def test_debug_logging_keeps_stock_path(self) -> None:
+        """With FakeTensor DEBUG logging on, every call goes through stock dispatch, which logs it."""
+        with self.assertLogs("torch._subclasses.fake_tensor", level="DEBUG") as logs:
+            self.assertEqual(self.calls_through_stock_dispatch(3), 3)
+        self.assertEqual(sum("__torch_dispatch__: aten.relu.default" in line for line in logs.output), 3)
+
+    def test_directly_handled_op_keeps_stock_path(self) -> None:
+        """An op stock serves itself (a table entry added at runtime) is never sent to the cache."""
+        op = torch.ops.aten.relu.default
+        with mock.patch.dict(torch._subclasses.fake_tensor._DISPATCH_HANDLE_DIRECTLY, {op: None}):
+            mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+            self.assertFalse(mode._cache.route(op).direct)  # routed while the table holds it
+            x = mode.from_tensor(torch.zeros(3, 5))
+            with mode:
+                torch.ops.aten.relu.default(x)
+            self.assertEqual(mode.cache_info().hits + mode.cache_info().misses, 0)
+
+    def test_subclass_override_of_the_cache_sees_every_call(self) -> None:
+        """A subclass's _cached_dispatch_impl is what the direct entry calls, as stock's dispatch would."""
+        seen: list[object] = []
+
+        class Counting(tcp.FakeTensorMode):
+            def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> object:
+                seen.append(func)
+                return super()._cached_dispatch_impl(func, types, args, kwargs)
+
+        mode = Counting(cache_store=tcp.CacheStore(isolated=True))
+        x = mode.from_tensor(torch.zeros(3, 5))
+        with mode:
+            for _ in range(3):
+                torch.ops.aten.relu.default(x)
+        self.assertEqual(seen.count(torch.ops.aten.relu.default), 3)
 
 
 class TestDropIn(TestCase):

@@ -397,11 +397,13 @@ class TestBadInput(TestCase):
                     "P(allow=['ns::op'])",
                     "P(allow=[ops.aten.relu, [ops.aten.add]])",
                     "P(allow=[lib])",
+                    "P(allow=['tcp_test::conv.'])",
                     "P(deny=ops.aten.relu)",
                     "P(deny=ops.aten.relu.default)",
                     "P(deny=ops.aten)",
                     "P(deny=[ops.higher_order.cond])",
                     "P(deny=['aten::no_such_op'])",
+                    "P(deny=['tcp_test::conv.'])",
                     "P(predicate=True)",
                     "P(predicate=ops.aten.relu.default)",
                     "P(context_key='TOSA-1.0+INT')",
@@ -462,6 +464,8 @@ P(allow=[ops.aten.relu, [ops.aten.add]])
     -> TypeError: torch_cachepolicy.CachePolicy(allow=...): element [1]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list
 P(allow=[lib])
     -> TypeError: torch_cachepolicy.CachePolicy(allow=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the torch.library.Library of 'tcp_test'; to cache every operator of 'tcp_test' pass namespaces=['tcp_test']
+P(allow=['tcp_test::conv.'])
+    -> ValueError: torch_cachepolicy.CachePolicy(allow=...): element [0]: 'tcp_test::conv.' ends with '.'; pass 'tcp_test::conv' (every overload) or 'tcp_test::conv.<overload>'
 P(deny=ops.aten.relu)
     -> TypeError: torch_cachepolicy.CachePolicy(deny=...): expected a list of operators, got the OpOverloadPacket aten::relu; wrap it: deny=[torch.ops.aten.relu]
 P(deny=ops.aten.relu.default)
@@ -472,6 +476,8 @@ P(deny=[ops.higher_order.cond])
     -> TypeError: torch_cachepolicy.CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
 P(deny=['aten::no_such_op'])
     -> ValueError: torch_cachepolicy.CachePolicy(deny=...): element [0]: no operator aten::no_such_op is registered; define it (or import the module that defines it) before naming it in a policy
+P(deny=['tcp_test::conv.'])
+    -> ValueError: torch_cachepolicy.CachePolicy(deny=...): element [0]: 'tcp_test::conv.' ends with '.'; pass 'tcp_test::conv' (every overload) or 'tcp_test::conv.<overload>'
 P(predicate=True)
     -> TypeError: torch_cachepolicy.CachePolicy(predicate=...): expected a function f(op) -> bool or None, got True
 P(predicate=ops.aten.relu.default)
@@ -500,6 +506,7 @@ P(context_namespaces=['tosa::'])
                 "P().register_namespace(ops.aten.relu)",
                 "P().register_op([conv])",
                 "P().register_op(ops.tcp_test)",
+                "P().register_op('tcp_test::conv.')",
                 "P().deny(op for op in [conv])",
                 "P().deny(ops.aten)",
                 "P().decide(ops.aten.add)",
@@ -521,6 +528,8 @@ P().register_op([conv])
     -> TypeError: torch_cachepolicy.CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got list; call register_op once per operator
 P().register_op(ops.tcp_test)
     -> TypeError: torch_cachepolicy.CachePolicy.register_op(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the operator namespace torch.ops.tcp_test; to cache every operator of 'tcp_test' use register_namespace('tcp_test')
+P().register_op('tcp_test::conv.')
+    -> ValueError: torch_cachepolicy.CachePolicy.register_op(...): 'tcp_test::conv.' ends with '.'; pass 'tcp_test::conv' (every overload) or 'tcp_test::conv.<overload>'
 P().deny(op for op in [conv])
     -> TypeError: torch_cachepolicy.CachePolicy.deny(...): expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got generator; call deny once per operator
 P().deny(ops.aten)
@@ -570,9 +579,13 @@ P().explain(ops.higher_order.cond)
             tcp.CachePolicy(predicate=lambda op: 1).decide(conv)  # type: ignore[arg-type,return-value]
 
     def test_context_key_errors(self) -> None:
-        """A context hook that raises or returns an unhashable fails loudly at dispatch."""
+        """A context hook that raises, or returns a value whose hash raises anything, fails naming the hook."""
         def raising() -> Any:
             raise ValueError("no spec")
+
+        class Unhashable:
+            def __hash__(self) -> int:
+                raise ValueError("no hash")
 
         for hook, error, message in (
             (
@@ -581,6 +594,13 @@ P().explain(ops.higher_order.cond)
                 r"^torch_cachepolicy\.CachePolicy\.context_key\(\): raised ValueError\('no spec'\) while dispatching "
                 r"tcp_test\.conv\.default; it must return a value in every context the policy's modes dispatch a "
                 r"backend operator in$",
+            ),
+            (
+                lambda: (Unhashable(),),
+                TypeError,
+                r"^torch_cachepolicy\.CachePolicy\.context_key\(\): returned an unhashable tuple while dispatching "
+                r"tcp_test\.conv\.default: element \[0\] of the tuple is an Unhashable \(hash\(\) raised ValueError: "
+                r"no hash\); return a hashable value such as a tuple or a string$",
             ),
             (
                 lambda: [1],

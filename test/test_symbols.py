@@ -15,7 +15,7 @@ from typing import Any
 import cachepolicy_testing as testing
 import torch
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, statically_known_true
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
 
 import torch_cachepolicy as tcp
 from torch_cachepolicy import _reasons
@@ -177,6 +177,29 @@ class TestSymbols(TestCase):
         for mode_has_the_name in (False, True):
             self.assertEqual(run(True, mode_has_the_name), run(False, mode_has_the_name), msg=str(mode_has_the_name))
 
+    @parametrize("store", ["default", "isolated"])
+    def test_aten_keys_with_symbols_of_another_shape_env_bypass(self, store: str) -> None:
+        """An aten key holding another ShapeEnv's symbols bypasses, so that ShapeEnv gets its guards (stock's does not)."""
+        from torch._dynamo.source import ConstantSource
+
+        def run(cache: bool) -> list[list[str]]:
+            cache_store = tcp.CacheStore(isolated=store == "isolated")
+            mode = tcp.FakeTensorMode(cache_store=cache_store, shape_env=ShapeEnv())
+            mode.cache_enabled = cache
+            envs = [mode.shape_env, ShapeEnv()]
+            with mode:
+                x = torch.empty(2)
+                for env in envs:  # equal symbol names and hints: equal keys by expression
+                    n, m = (env.create_symintnode(env.create_symbol(v, ConstantSource(k)), hint=v) for k, v in (("n", 7), ("m", 3)))
+                    x.new_empty(n - m)  # guards n - m >= 0 in the ShapeEnv of n and m
+            if cache:
+                self.assertEqual(mode.cache_report()[torch.ops.aten.new_empty.default].bypasses, {_reasons.UNKNOWN_SYMBOL: 1})
+            return [[str(g.expr) for g in env.guards] for env in envs]
+
+        guards = run(cache=True)
+        self.assertEqual(guards, run(cache=False))
+        self.assertTrue(all(guards), msg=str(guards))
+
     def test_knowledge_follows_replacements(self) -> None:
         """Once a symbol is replaced by another, facts about the other count for it."""
         mode = tcp.FakeTensorMode(shape_env=ShapeEnv())
@@ -190,6 +213,9 @@ class TestSymbols(TestCase):
         self.assertNotEqual(after, before)
         torch._check(y.shape[0] < 9)
         self.assertNotEqual(knowledge(mode.shape_env, {sx}), after)
+
+
+instantiate_parametrized_tests(TestSymbols)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ class ZooCase:
         min_hits: a control: at least this many calls must be served from the cache.
         runs_every_call: the kernel of ``op`` must run on every cached call (a denied op under a HOP).
         limit: a documented limit (the user's responsibility); the test is an expected failure.
+        caught_by_crosscheck: with crosscheck on, the limit must raise ``CrosscheckError`` (what catches it).
     """
 
     name: str
@@ -136,6 +137,7 @@ class ZooCase:
     limit: str | None = None
     # The crosscheck settings under which the limit shows (a crosscheck may catch it).
     limit_crosscheck: tuple[bool, ...] = (False, True)
+    caught_by_crosscheck: bool = False
 
     @property
     def callee(self) -> Callable[..., Any]:
@@ -586,6 +588,38 @@ case(
     limit="torch keeps dispatching a destroyed fragment's fake-impl wrapper; the cache serves the registered kernel",
     limit_crosscheck=(False,),
 )
+lib.define("swap_meta_fragment(Tensor x) -> Tensor")
+_quietly(lambda: lib.impl("swap_meta_fragment", _sized("swap_meta_fragment", 1), "Meta", allow_override=True))
+
+
+def _meta_from_fragment() -> None:
+    fragment = torch.library.Library(NS, "FRAGMENT")
+    _fragments.append(fragment)
+    _quietly(lambda: fragment.impl("swap_meta_fragment", _sized("swap_meta_fragment", 2), "Meta", allow_override=True))
+
+
+def _reset_meta_fragment() -> None:
+    # Registering the first kernel again is what makes torch's fake dispatch forget a destroyed fragment's kernel
+    # (destroying it does not), so that each run starts from the same registrations.
+    _destroy_fragments()
+    _quietly(lambda: lib.impl("swap_meta_fragment", _sized("swap_meta_fragment", 1), "Meta", allow_override=True))
+
+
+case(
+    "swap_meta_fragment",
+    5,
+    x1,
+    "a Meta kernel overridden with Library.impl(..., 'Meta') from a FRAGMENT Library, which is then destroyed",
+    steps="FSFSFS",
+    actions={2: _meta_from_fragment, 4: _destroy_fragments},
+    reset=_reset_meta_fragment,
+    # torch 2.13 and 2.14 bug, not ours: once the fragment is destroyed the dispatcher and real meta tensors run the
+    # first Meta kernel again (and we serve its entries), but fake dispatch keeps running the destroyed one. With
+    # crosscheck on, the hit is rerun uncached and the difference raises CrosscheckError.
+    limit="torch's fake dispatch keeps running a destroyed fragment's Meta kernel; the cache serves the restored one",
+    limit_crosscheck=(False,),
+    caught_by_crosscheck=True,
+)
 case(
     "swap_fragment",
     5,
@@ -941,6 +975,63 @@ case(
     actions={2: _set_undeclared(torch.float64), 4: _set_undeclared(torch.float32)},
     reset=_set_undeclared(torch.float32),
     limit="a kernel reading state the policy does not declare is the user's responsibility (docs: context_key)",
+)
+
+
+def _lowering_context() -> object:
+    """A hook defined only inside its backend's lowering, as ExecuTorch's get_context_spec() outside a TOSA one."""
+    raise RuntimeError("no TosaLoweringContext is open")
+
+
+def _outside_lowering_policy() -> tcp.CachePolicy:
+    return tcp.CachePolicy(namespaces=[NS], context_key=_lowering_context, context_namespaces=[CTX_NS])
+
+
+def _never_repeating(fresh: Callable[[], object]) -> Callable[[], tcp.CachePolicy]:
+    def policy() -> tcp.CachePolicy:
+        return tcp.CachePolicy(namespaces=[NS], context_key=lambda: (AMBIENT["dtype"], fresh()))
+
+    return policy
+
+
+case(
+    "context_never_repeats",
+    7,
+    x1,
+    "reads ambient state declared by a context_key() that returns a new object() (equal only to itself) each time",
+    op=op("ambient_declared"),
+    policy=_never_repeating(object),
+    steps="FSFSFS",
+    actions={2: _set_ambient(torch.float64), 4: _set_ambient(torch.float32)},
+    reset=_set_ambient(torch.float32),
+)
+case(
+    "context_nan",
+    7,
+    x1,
+    "reads ambient state declared by a context_key() that returns a new NaN each time",
+    op=op("ambient_declared"),
+    policy=_never_repeating(lambda: -math.nan),
+    steps="FSFSFS",
+    actions={2: _set_ambient(torch.float64), 4: _set_ambient(torch.float32)},
+    reset=_set_ambient(torch.float32),
+)
+hop_case(
+    "hop_outside_context_namespaces",
+    7,
+    "offset_out",
+    _one,
+    "invoke_subgraph around ops outside context_namespaces, under a context_key() that raises outside its lowering",
+    policy=_outside_lowering_policy,
+)
+case(
+    "nested_outside_context_namespaces",
+    7,
+    x1,
+    "a backend kernel dispatching an op outside context_namespaces, under a context_key() that raises",
+    op=op("calls_inner"),
+    policy=_outside_lowering_policy,
+    min_hits=2,
 )
 
 

@@ -1,10 +1,6 @@
-"""The checks of the cache arguments every entry point takes.
+"""The checks of ``cache_policy``, ``cache_store`` and ``cache_crosscheck``, shared by every entry point.
 
-``FakeTensorMode(...)``, ``adopt(...)`` and ``export(...)`` all take
-``cache_policy``, ``cache_store`` and ``cache_crosscheck``; they check them
-here, so a wrong argument gets the same message, naming the entry point and
-the parameter, wherever it was passed. (Apart from :mod:`._names` because it
-needs the classes it checks for, whose module imports :mod:`._names`.)
+Apart from :mod:`._names` because it needs the classes it checks for, whose modules import :mod:`._names`.
 """
 
 from __future__ import annotations
@@ -21,20 +17,8 @@ from torch_cachepolicy.store import CacheStore
 _T = TypeVar("_T")
 
 
-def check_cache_arguments(
-    api: str,
-    cache_policy: object,
-    cache_store: object,
-    cache_crosscheck: object = None,
-) -> None:
-    """Raises a TypeError naming ``api`` for an argument of the wrong type.
-
-    Args:
-        api: the entry point, as the user calls it (``"torch_cachepolicy.FakeTensorMode"``).
-        cache_policy: a ``CachePolicy`` or None.
-        cache_store: a ``CacheStore`` or None.
-        cache_crosscheck: a bool or None.
-    """
+def check_cache_arguments(api: str, cache_policy: object, cache_store: object, cache_crosscheck: object = None) -> None:
+    """Raises a TypeError naming ``api`` (``"torch_cachepolicy.FakeTensorMode"``) for an argument of the wrong type."""
     check_policy(f"{api}(cache_policy=...)", cache_policy)
     check_store(f"{api}(cache_store=...)", cache_store)
     check_crosscheck(f"{api}(cache_crosscheck=...)", cache_crosscheck)
@@ -55,11 +39,7 @@ def check_store(where: str, value: object) -> CacheStore | None:
 
 
 def _instance_or_none(where: str, value: Any, cls: type[_T], other: tuple[type, str], hint: str) -> _T | None:
-    """``value`` if it is a ``cls`` or None, else a TypeError naming ``where``.
-
-    ``other`` is the class of the other cache argument and its parameter: an
-    instance of it here was most likely meant for that parameter.
-    """
+    """``value`` if a ``cls`` or None, else a TypeError naming ``where`` (``other``: the other argument's class and name)."""
     if value is None or isinstance(value, cls):
         return value
     other_cls, other_param = other

@@ -23,6 +23,7 @@ import dataclasses
 import dis
 import importlib
 import inspect
+import logging
 import re
 import types
 import warnings
@@ -217,6 +218,10 @@ _INTERNALS: tuple[_Internal, ...] = (
                    "fake_tensor_converter", "shape_env", "_allow_unsafe_data_ptr_access"),
     ),
     _Internal(_FT, f"{_MODE}.dispatch", params=_DISPATCH, overridden=True),
+    # Read where _rules.dispatch enters the cache directly (STOCK_DISPATCH_KNOWN).
+    _Internal(_FT, "_DISPATCH_META_HANDLERS", check=_is_type(dict)),
+    _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", check=_is_type(Mapping)),
+    _Internal(_FT, "log", check=_is_type(logging.Logger)),
     # An OpOverload's FakeTensorMode rule applies only under the Python dispatcher (_rules.dispatch).
     _Internal("torch._C", "_dispatch_tls_is_dispatch_key_included"),
     # Entries for stock ops go where stock's do: the class-global `cache`, or `shape_env.fake_tensor_cache`.
@@ -481,6 +486,15 @@ _CONSTRUCTOR_NAMES = frozenset(
         "real_tensor", "requires_grad", "str", "torch", "type", "unique_consecutive_memo", "unique_memo",
     }
 )  # fmt: skip
+
+# The names stock's FakeTensorMode.dispatch uses on torch 2.13/2.14 (Note [Entering the cache directly] in _rules.py).
+_STOCK_DISPATCH_NAMES = frozenset({
+    "DEBUG", "IncrementRecursionCount", "RECURSION_COUNT", "_DISPATCH_HANDLE_DIRECTLY", "_DISPATCH_META_HANDLERS",
+    "_cached_dispatch_impl", "_dispatch_impl", "cache_enabled", "debug", "getEffectiveLevel",
+    "in_kernel_invocation_manager", "log", "logging", "no_dispatch",
+})  # fmt: skip
+STOCK_DISPATCH_KNOWN: bool = frozenset(_ft.FakeTensorMode.dispatch.__code__.co_names) == _STOCK_DISPATCH_NAMES
+"""Whether stock's ``FakeTensorMode.dispatch`` is the known one (its tables, its logging, then the cache)."""
 
 FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
 """Whether ``FakeTensor.__new__`` is the known one (Note [A hit's FakeTensor] in ``_synth.py``)."""

@@ -23,7 +23,7 @@ from torch_cachepolicy import _kernels, _reasons
 from torch_cachepolicy._deps import Dependent, Frame, current_table_key, record
 from torch_cachepolicy._key import cache_key
 from torch_cachepolicy._key_extension import check_visible, extend_key
-from torch_cachepolicy._names import context_value, unhashable_context
+from torch_cachepolicy._names import unhashable_context
 from torch_cachepolicy._routes import BYPASS, HOP, POLICY, STOCK, Route
 from torch_cachepolicy._state import CacheState
 from torch_cachepolicy._symbols import check_own_symbols, knowledge
@@ -49,6 +49,7 @@ _Entry = _DispatchCacheValidEntry | _DispatchCacheBypassEntry | Dependent
 
 # Sub-tables of a partition for entries that do not depend on a fake kernel.
 _STOCK_TABLE = ("stock",)
+_MAX_CONTEXTS = 64
 _HOP_TABLE = "hop"
 
 
@@ -83,7 +84,7 @@ def cached_dispatch(
         if route.slots is not None:
             key = extend_key(key, route.slots, key_state, args, kwargs)
         shape_env = key_state.shape_env if key_state.cache_on_shape_env() else None
-        if shape_env is not None and kind is not STOCK:
+        if shape_env is not None:  # every route: stock's aten entries compare symbols across ShapeEnvs
             check_own_symbols(key, key_state)
         # Raises for a key with a symbol shape_env does not know (_reasons.UNKNOWN_SYMBOL).
         table = _table(state, route, table_key, key_state, shape_env)
@@ -136,9 +137,13 @@ def _table(state: CacheState, route: Route, table_key: Hashable, key_state: _Cac
         if shape_env is not None:
             where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols)
         try:
+            if route.deps.uses_context:  # type: ignore[union-attr]
+                _check_context(route, table_key[0])  # type: ignore[index]
             return state.partition.table(where, shape_env)
-        except TypeError:
-            raise unhashable_context(route.func, table_key[0]) from None  # type: ignore[index]
+        except _BypassDispatchCache:
+            raise
+        except Exception as e:  # a user's __hash__ or __eq__ may raise anything
+            raise unhashable_context(route.func, table_key[0], e) from None  # type: ignore[index]
     if route.private or state.isolated:
         return _private_table(state, route, shape_env, key_state)
     if shape_env is not None:
@@ -146,19 +151,26 @@ def _table(state: CacheState, route: Route, table_key: Hashable, key_state: _Cac
     return _StockMode.cache
 
 
+def _check_context(route: Route, context: object) -> None:
+    """Bypasses once an op has met more context values than a lowering plausibly has: they never repeat."""
+    # A context that never equals itself (a fresh object compared by identity, a new NaN) would open one sub-table
+    # and one entry per dispatch, never hit, and grow the store for the mode's life; a bounded set tells.
+    seen = route.contexts
+    if context not in seen:
+        if len(seen) >= _MAX_CONTEXTS:
+            raise _BypassDispatchCache(_reasons.CONTEXT_NEVER_REPEATS)
+        seen.add(context)
+
+
 def _private_table(state: CacheState, route: Route, shape_env: Any, key_state: _CacheKeyState) -> Table:
     if route.kind is not HOP:
         return state.partition.table(_STOCK_TABLE, shape_env)
-    # A HOP's entry replays its subgraph's ops, backend ops included: its sub-table holds the policy's context,
-    # whether the Python dispatcher (preferring py_impl kernels) is on and, with symbols, what the ShapeEnv knows.
-    policy = state.policy
-    context = context_value(policy, route.func) if policy.has_context else None
+    # A HOP's entry replays its subgraph's ops: its sub-table holds whether the Python dispatcher (preferring
+    # py_impl kernels) is on and, with symbols, what the ShapeEnv knows. The policy's context is not asked here:
+    # the inner ops that read it record it as a dependency (Note [Entries cover inner ops]), so a hook that
+    # only works inside its backend's lowering is asked only by that backend's ops.
     known = None if shape_env is None else knowledge(shape_env, key_state.known_symbols)
-    dispatcher = _tls_key_included(_PYTHON_DISPATCHER)
-    try:
-        return state.partition.table((_HOP_TABLE, context, known, dispatcher), shape_env)
-    except TypeError:
-        raise unhashable_context(route.func, context) from None
+    return state.partition.table((_HOP_TABLE, known, _tls_key_included(_PYTHON_DISPATCHER)), shape_env)
 
 
 class _Call(NamedTuple):
@@ -203,14 +215,13 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
             return output
         _store(state, route, call, _DispatchCacheBypassEntry(e.reason), [call.table])
         return output
-    try:
-        _verify(mode, route, call, entry, output, snapshot, frame, env_before)
-    except _BypassDispatchCache as e:
-        log.debug("negative entry for %s: %s", route.func, e.reason)
-        route.stats.bypass(e.reason)
-        if e.reason == _reasons.RUNS_EXCLUDED:
+    reason = _verify(mode, route, call, entry, output, snapshot, frame, env_before)
+    if reason is not None:
+        log.debug("negative entry for %s: %s", route.func, reason)
+        route.stats.bypass(reason)
+        if reason == _reasons.RUNS_EXCLUDED:
             state.frames.taint()
-        entry = _DispatchCacheBypassEntry(e.reason)
+        entry = _DispatchCacheBypassEntry(reason)
     else:
         route.stats.misses += 1
         if frame.deps:
@@ -250,18 +261,22 @@ def _verify(
     snapshot: InputSnapshot,
     frame: Frame,
     env_before: tuple[object, ...] | None,
-) -> None:
-    """Bypasses unless a hit of ``entry`` would be exactly this uncached run."""
+) -> str | None:
+    """Why a hit of ``entry`` would not be exactly this uncached run, or None."""
     changed = snapshot.changed()
     if changed is not None:
-        raise _BypassDispatchCache(_reasons.input_changed(changed))
+        return _reasons.input_changed(changed)
     if frame.tainted:
-        raise _BypassDispatchCache(_reasons.RUNS_EXCLUDED)
-    if route.kind is POLICY:
-        check_backend_output(call.key_state, route.func, call.args, output)  # type: ignore[arg-type]
-    if env_before is not None and shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) != env_before:
-        raise _BypassDispatchCache(_reasons.SHAPE_ENV_CHANGED)
-    verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output)  # type: ignore[arg-type]
+        return _reasons.RUNS_EXCLUDED
+    try:
+        if route.kind is POLICY:
+            check_backend_output(call.key_state, route.func, call.args, output)  # type: ignore[arg-type]
+        if env_before is not None and shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) != env_before:
+            return _reasons.SHAPE_ENV_CHANGED
+        verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output)  # type: ignore[arg-type]
+    except _BypassDispatchCache as e:
+        return e.reason
+    return None
 
 
 def _same_when_rerun(mode: Any, state: CacheState, route: Route, call: _Call, output: object, taught: Any) -> bool:

@@ -119,7 +119,7 @@ SOURCES: tuple[Source, ...] = (
     Source(
         "stock dispatch's own tables: ops answered from metadata, ops run directly",
         ("_DISPATCH_META_HANDLERS", "_DISPATCH_HANDLE_DIRECTLY"), Coverage.APPLIED,
-        "stock's dispatch serves them (_rules.dispatch hands every op to it)",
+        "stock's dispatch serves them; _rules.dispatch enters the cache directly only for ops in neither",
     ),
     Source(
         "the mode's cache switch (torch._dynamo.config.fake_tensor_cache_enabled at construction)",

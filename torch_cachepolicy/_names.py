@@ -27,7 +27,9 @@ def _resolve_op_string(api: str, name: str) -> tuple[str, str | None]:
             f"{api}: {name!r} is not an operator name; pass 'ns::name' or "
             "'ns::name.overload', e.g. 'quantized_decomposed::quantize_per_tensor.default'"
         )
-    opname, _, overload = rest.partition(".")
+    opname, dot, overload = rest.partition(".")
+    if dot and not overload:
+        raise ValueError(f"{api}: {name!r} ends with '.'; pass '{ns}::{opname}' (every overload) or '{ns}::{opname}.<overload>'")
     try:
         packet = getattr(getattr(torch.ops, ns), opname)
     except (AttributeError, RuntimeError):
@@ -333,9 +335,14 @@ def context_value(policy: Any, func: object) -> Any:
         ) from e
 
 
-def unhashable_context(func: object, context: object) -> TypeError:
-    """The error for a ``context_key()`` value that cannot key a table."""
-    where = unhashable_part(context) or f"a {type(context).__name__}"
+def unhashable_context(func: object, context: object, error: Exception) -> TypeError:
+    """The error for a ``context_key()`` value that cannot key a table (``error``: what hashing or comparing raised)."""
+    where = unhashable_part(context)
+    if where is None:  # it hashes: comparing it with another context raised
+        return TypeError(
+            f"torch_cachepolicy.CachePolicy.context_key(): comparing its {type(context).__name__} value raised "
+            f"{error!r} while dispatching {func}; return values whose == answers True or False"
+        )
     return TypeError(
         f"torch_cachepolicy.CachePolicy.context_key(): returned an unhashable {type(context).__name__} "
         f"while dispatching {func}: {where}; return a hashable value such as a tuple or a string"

@@ -20,6 +20,7 @@ PROFILED = "a custom-ops profile replaces its fake kernel"
 NAN = "NaN argument"
 GRAD = "argument with a .grad"
 UNKNOWN_SYMBOL = "a symbol of another ShapeEnv than its mode's"
+CONTEXT_NEVER_REPEATS = "context_key() values that never repeat (over 64 for this op; return values equal when equal)"
 
 # On the miss that would create an entry.
 MUTATES = "mutates an argument (allow it with register_op)"

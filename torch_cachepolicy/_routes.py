@@ -47,8 +47,8 @@ class Route:
         immutable: the argument types the policy declared immutable.
     """
 
-    __slots__ = ("deps", "explicit", "func", "immutable", "kind", "label", "private", "rules", "slots", "stats",
-                 "taints")  # fmt: skip
+    __slots__ = ("contexts", "deps", "direct", "explicit", "func", "immutable", "kind", "label", "private", "rules",
+                 "slots", "stats", "taints")  # fmt: skip
 
     def __init__(self, kind: Kind, func: object, stats: OpStats, label: str = "", *, explicit: bool = False) -> None:
         self.kind = kind
@@ -62,6 +62,8 @@ class Route:
         self.deps: _kernels.KernelDeps | None = None
         self.rules: Any = None
         self.immutable: frozenset[type] = frozenset()
+        self.direct = False
+        self.contexts: set[object] = set()  # the context values this route has met (_driver._check_context)
 
     def keep_private(self) -> None:
         """From now on the op's entries stay in the store (Note [Entries that must reproduce aliasing])."""
@@ -101,6 +103,8 @@ def route_for(policy: CachePolicy, func: object, stats: OpStats, private: bool) 
         route.immutable = policy.immutable_types
     # find() creates a missing registry entry (see KernelDeps): later rules land in the dict we keep.
     route.rules = _fake_registry.find(func.name()).torch_dispatch_rules._data
+    # In neither table stock's dispatch serves itself (Note [Entering the cache directly]).
+    route.direct = func not in _ft._DISPATCH_META_HANDLERS and func not in _ft._DISPATCH_HANDLE_DIRECTLY
     if not builtin:
         fallback_capable = _StockMode.can_run_unsafe_fallback(_FALLBACK_PROBE, func)  # type: ignore[arg-type]
         route.deps = _kernels.KernelDeps(func, route.rules, policy.uses_context(func), fallback_capable)

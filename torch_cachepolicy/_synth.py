@@ -34,7 +34,6 @@ _meta_empty_strided = _native.function("meta_empty_strided")
 _meta_view_of = _native.function("meta_view_of")
 _meta_template = _native.function("meta_template")
 _meta_fresh_like = _native.function("meta_fresh_like")
-_meta_view_like = _native.function("meta_view_like")
 
 _CONSTANT_TYPES = (int, bool, type(None))
 
@@ -142,32 +141,7 @@ class _SymbolicFresh:
         self.template = _meta_template(output)  # type: ignore[misc]
 
 
-@dataclasses.dataclass(slots=True)
-class _SymbolicView:
-    """A view op's output with symbolic sizes: this call's SymInts on argument ``index``'s storage."""
-
-    index: int
-    device: torch.device
-    shape: tuple[Any, ...]
-    stride: tuple[Any, ...]
-    storage_offset: Any
-    template: torch.Tensor | None = None
-
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
-        base = _arg(args, self.index)
-        if base is None:
-            return TORCH_PATH
-        (offset,) = _this_call((self.storage_offset,), key, shape_env)
-        meta = _meta_view_like(  # type: ignore[misc]
-            self.template, base, _this_call(self.shape, key, shape_env), _this_call(self.stride, key, shape_env), offset
-        )
-        return new_fake(mode, meta, self.device)
-
-    def fill(self, output: torch.Tensor) -> None:
-        self.template = _meta_template(output)  # type: ignore[misc]
-
-
-_Step = _Fresh | _ViewOf | _InPlace | _Constant | _SymbolicFresh | _SymbolicView
+_Step = _Fresh | _ViewOf | _InPlace | _Constant | _SymbolicFresh
 
 
 def _shape_env_of(*groups: list[Any]) -> Any:
@@ -189,7 +163,7 @@ class Plan:
         self.steps = steps
         self.single = None if is_tuple else steps[0]
         # Symbolic steps still waiting for torch's first synthesis to give their template.
-        self.pending = tuple(s for s in steps if isinstance(s, (_SymbolicFresh, _SymbolicView)))
+        self.pending = tuple(s for s in steps if isinstance(s, _SymbolicFresh))
 
     def build(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         """The output for this call, or :data:`TORCH_PATH`."""
@@ -206,7 +180,7 @@ class Plan:
     def fill_templates(self, output: object) -> None:
         outputs: Any = output if self.is_tuple else (output,)
         for step, out in zip(self.steps, outputs, strict=True):
-            if isinstance(step, (_SymbolicFresh, _SymbolicView)):
+            if isinstance(step, _SymbolicFresh):
                 step.fill(out)
         self.pending = ()
 
@@ -236,10 +210,16 @@ def _step(info: _DispatchCacheEntryOutputInfo, view_op: bool) -> _Step | None:
     if info.view_idx is not None and (not view_op or m.requires_grad):
         return None
     if not (_ints(m.shape) and _ints(m.stride)):
-        sym = (tuple(m.shape), tuple(m.stride), m.storage_offset)
-        if info.view_idx is None:
-            return _SymbolicFresh(bool(m.requires_grad), m.device, *sym)
-        return _SymbolicView(info.view_idx, m.device, *sym)
+        # Note [Traced graphs are stock's]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # Under a tracer (export, make_fx) a SymInt whose proxy is forced names a node, even one later dead, and
+        # proxies are mapped by SymNode: a graph traced under a policy mode names its nodes as stock's does only if
+        # every hit hands back the SymNodes stock's hit would and forces what stock's forces. A symbolic view stays
+        # torch's (its set_ compares this call's SymInts); a template hit skips only the storage-size arithmetic,
+        # whose results nothing traced reads. test_traced_graphs.py compares graphs, names included.
+        if info.view_idx is not None:
+            return None
+        return _SymbolicFresh(bool(m.requires_grad), m.device, tuple(m.shape), tuple(m.stride), m.storage_offset)
     if info.view_idx is None:
         return _Fresh(cast(Any, m.shape), cast(Any, m.stride), m.dtype, m.device, bool(m.requires_grad))
     if type(m.storage_offset) is not int:

@@ -114,10 +114,8 @@ class FakeTensorMode(_StockMode):
     @override
     @also_on_the_class(class_cache_info)
     def cache_info(self) -> DispatchCacheInfo:  # type: ignore[override]
-        """Hits, misses and bypasses of this instance; ``size`` counts every entry
-        of its store, which other modes may share. Called on the class, as
-        torch's: the totals of torch's class-wide counters and of every live
-        policy mode (Note [The cache API on the class])."""
+        """Hits, misses and bypasses of this instance; ``size`` counts every entry of its store, which other modes
+        may share. On the class, as torch's: torch's class-wide counters plus every live policy mode's."""
         # list()/dict() copy in C, so another thread may read while this mode
         # dispatches without "dictionary changed size during iteration".
         all_stats = list(self._cache.stats.values())
@@ -145,11 +143,9 @@ class FakeTensorMode(_StockMode):
     @override
     @also_on_the_class(class_cache_clear)
     def cache_clear(self) -> None:  # type: ignore[override]
-        """Resets this instance's counters and empties its policy's partition
-        (shared by modes with equal policies on the same store). torch's
-        storage and other partitions are left alone. Called on the class, as
-        torch's: clears torch's class-wide cache and counters, and every live
-        policy mode (Note [The cache API on the class])."""
+        """Resets this instance's counters and empties its policy's partition (shared by modes with equal policies
+        on the same store), leaving torch's storage alone. On the class, as torch's: clears torch's class-wide
+        cache and counters, and every live policy mode (Note [The cache API on the class])."""
         self._cache.clear()
 
     # ------------------------------------------------------------- dispatch

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch._ops import OpOverloadPacket
+
 __all__ = ["CacheReport", "KeyStats", "OpReport", "OpStats"]
 
 
@@ -88,6 +90,12 @@ class CacheReport:
         for r in self.ops:
             if r.op == name:
                 return r
+        if isinstance(op, OpOverloadPacket):  # rows are per overload
+            name = op._qualified_op_name
+            dispatched = [r.op for r in self.ops if r.op.rpartition(".")[0] == name]
+            if dispatched:
+                raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} has a row per overload; pass one of {dispatched}")
+            raise KeyError(f"torch_cachepolicy.CacheReport[...]: no overload of {name} was dispatched by this mode")
         raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} was not dispatched by this mode")
 
     def __str__(self) -> str:

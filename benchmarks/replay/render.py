@@ -228,6 +228,20 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             "",
             *_aten_hit_cost(results),
         ]
+    audited = [(name, w["audit"]) for name, w in results["workloads"].items() if w.get("audit")]
+    if audited:
+        lines += [
+            "",
+            "## Audit: served calls re-run uncached (one untimed series per caching configuration)",
+            "",
+            "| workload | configuration | served | stale | first calls after new ShapeEnv knowledge |",
+            "| --- | --- | ---: | ---: | ---: |",
+            *(
+                f"| {name} | {config} | {a['served']} | {a['stale']} | {a['relearnt']} |"
+                for name, audit in audited
+                for config, a in audit.items()
+            ),
+        ]
     memory = results.get("memory")
     if memory:
         cal = memory["scan_calibration"]

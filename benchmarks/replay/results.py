@@ -54,6 +54,7 @@ WORKLOAD_KEYS: tuple[str, ...] = (
     "ratios",
     "ratios_cpu_time",
     "metadata_check",
+    "audit",
 )
 CONFIG_KEYS: tuple[str, ...] = (
     "seconds_per_round",

@@ -12,6 +12,7 @@ import torch._library.utils as library_utils
 
 from benchmarks.global_patch import positive_backend_entries
 from benchmarks.progress import Rounds
+from benchmarks.replay.audit import audit_configuration
 from benchmarks.replay.configs import make_configurations
 from benchmarks.replay.hitcost import measure_aten_hit_costs, measure_hit_costs
 from benchmarks.replay.memory import measure_memory
@@ -82,8 +83,9 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
     # One line per round, with an estimate of what the replay rounds have left.
     rounds = Rounds(len(settings.workloads) * (settings.warmup_rounds + settings.rounds), progress)
     for name in settings.workloads:
+        workload = build_workload(name)
         run = run_workload(
-            build_workload(name),
+            workload,
             configs,
             rounds=settings.rounds,
             warmup_rounds=settings.warmup_rounds,
@@ -92,6 +94,10 @@ def _run_benchmark(settings: Settings, argv: Sequence[str], progress: Progress |
             after_series=lambda config: _leak_check(config, namespaces),
         )
         workloads[name] = summarize_workload(run)
+        # Untimed, after the timed rounds: which of each caching configuration's hits were right.
+        workloads[name]["audit"] = {
+            c.name: audit_configuration(c, workload, settings.replays).to_json() for c in configs if c.name != "stock"
+        }
         failures += run.mismatches + run.problems
         if run.mismatch_count > len(run.mismatches):
             failures.append(f"{name}: {run.mismatch_count - len(run.mismatches)} more replays differed")
