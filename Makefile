@@ -28,7 +28,7 @@ SRC214 := $(VENV214)/src
 # The core and upstream-patch tests, run on torch 2.14.
 TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
 	test/test_keybuilder.py test/test_synth.py test/test_keyparts.py test/test_export.py test/test_adopt.py \
-	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
+	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py test/test_review_findings.py
 
 .PHONY: install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
 	test-torch214 test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs

@@ -8,10 +8,11 @@ place of the installed modules and runs each patch's tests, which it reads
 from the patch's test patch to torch's test/test_fake_tensor.py
 (docs/upstream/tests/). The installed torch is never written to.
 
-The series is made against ``PATCH_BASE`` (2.13.0), where every patch applies
-exactly; on 2.14.1 every hunk's context is unchanged and only line numbers
-moved, so ``patch --fuzz=0`` and ``git apply`` apply them with offsets and
-without fuzz.
+The series is a stack: 0002 is made on 0001, 0003 on both. It is kept for
+each supported release (``SERIES_DIRS``: docs/upstream/ for 2.13.0,
+docs/upstream/torch-2.14.1/ for 2.14.1, the same changes with that
+release's line numbers), so that on the installed release it applies without
+offsets or fuzz.
 """
 
 from __future__ import annotations
@@ -36,17 +37,23 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 from torch_cachepolicy import _compat
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import upstream_test_sources  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "docs" / "upstream"
 PROBE = pathlib.Path(__file__).resolve().parent / "upstream_patch_probe.py"
 SITE = pathlib.Path(torch.__file__).resolve().parent.parent
-PATCH_BASE = "2.13.0"  # the release whose line numbers the series carries
 TORCH_VERSION = str(torch.__version__).split("+")[0]
+# The series made for each release, with that release's line numbers.
+SERIES_DIRS = {"2.13.0": UPSTREAM, "2.14.1": UPSTREAM / "torch-2.14.1"}
+SERIES_DIR = SERIES_DIRS.get(TORCH_VERSION)
 
 TESTS = UPSTREAM / "tests"
 # The series, in order: patch file -> (files it touches, its TestCase in the
-# probe, the patches its tests need besides itself). Each patch applies alone;
-# 0003 relies on 0001's checks of the entry builder for its policy entries.
+# probe, the patches it is stacked on). 0001 and 0002 apply alone; 0003 is
+# made on both (its cache_clear hunk extends 0002's, and its policy entries
+# rely on 0001's checks of the entry builder).
 SERIES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "0001-fake-tensor-cache-stock-hardening.patch": (("torch/_subclasses/fake_tensor.py",), "StockHardening", ()),
     "0002-fake-tensor-cache-clear-on-subclass.patch": (
@@ -57,9 +64,10 @@ SERIES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "0003-fake-tensor-cache-policy.patch": (
         ("torch/_subclasses/fake_tensor.py",),
         "CachePolicy",
-        ("0001-fake-tensor-cache-stock-hardening.patch",),
+        ("0001-fake-tensor-cache-stock-hardening.patch", "0002-fake-tensor-cache-clear-on-subclass.patch"),
     ),
 }
+NUMBERS = [patch[:4] for patch in SERIES]
 TOUCHED = ("torch/_subclasses/fake_tensor.py",)
 MODULES = {rel: rel[: -len(".py")].replace("/", ".") for rel in TOUCHED}
 
@@ -80,12 +88,13 @@ def copy_installed(dest: pathlib.Path) -> None:
 def apply_patch(
     tree: pathlib.Path, patch: str, *, dry_run: bool = False, git: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Applies ``docs/upstream/<patch>`` to ``tree`` with patch(1) (or git apply).
+    """Applies ``<SERIES_DIR>/<patch>`` to ``tree`` with patch(1) (or git apply).
 
-    Every context line must match (``--fuzz=0``; git apply never fuzzes);
-    hunks may move (offsets), which is how one series serves 2.13 and 2.14.
+    Every context line must match (``--fuzz=0``; git apply never fuzzes).
     """
-    path = str(UPSTREAM / patch)
+    if SERIES_DIR is None:
+        raise unittest.SkipTest(f"no series is kept for torch {TORCH_VERSION}")
+    path = str(SERIES_DIR / patch)
     if shutil.which("patch") and not git:
         cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", path]
         if dry_run:
@@ -124,36 +133,13 @@ def run_probe(args: list[str], tree: pathlib.Path | None, marker: str) -> Any:
     raise AssertionError(f"subprocess exited {proc.returncode} without {marker}:\n{proc.stdout}\n{proc.stderr}")
 
 
-def added_test_source(patch: str) -> str:
-    """The lines the test patch of ``patch`` adds to test/test_fake_tensor.py (the probe's reading of them)."""
-    lines = []
-    in_hunk = False
-    for line in (TESTS / patch).read_text().splitlines():
-        if line.startswith("@@ "):
-            in_hunk = True
-        elif line.startswith(("--- ", "+++ ")):
-            in_hunk = False
-        elif in_hunk and line.startswith("+") and not line.startswith("+instantiate_parametrized_tests("):
-            lines.append(line[1:])
-    return "class Added:\n" + "\n".join(lines) + "\n"
+def added_sources(patch: str) -> upstream_test_sources.TestSources:
+    return upstream_test_sources.read_test_patch(TESTS / patch)
 
 
 def probe_test_names(patch: str) -> list[str]:
-    """The test ids the probe runs for ``patch``: the methods its test patch adds, parametrized ones expanded."""
-    cls_name = SERIES[patch][1]
-    cls = ast.parse(added_test_source(patch)).body[0]
-    assert isinstance(cls, ast.ClassDef)
-    names = []
-    for f in cls.body:
-        if not isinstance(f, ast.FunctionDef) or not f.name.startswith("test_"):
-            continue
-        params = [d for d in f.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "parametrize"]
-        variants = [""]
-        for d in params:
-            arg, values = ast.literal_eval(d.args[0]), ast.literal_eval(d.args[1])
-            variants = [f"{v}_{arg}_{value}" for v in variants for value in values]
-        names += [f"{cls_name}.{f.name}{v}" for v in variants]
-    return names
+    """The test ids the probe runs for ``patch``: the tests its test patch adds, parametrized ones expanded."""
+    return upstream_test_sources.test_ids(added_sources(patch), SERIES[patch][1])
 
 
 def hunks(patch: str) -> dict[str, tuple[int, int]]:
@@ -161,7 +147,7 @@ def hunks(patch: str) -> dict[str, tuple[int, int]]:
     counts: dict[str, list[int]] = {}
     current: list[int] | None = None
     in_hunk = False
-    for line in (UPSTREAM / patch).read_text().splitlines():
+    for line in ((SERIES_DIR or UPSTREAM) / patch).read_text().splitlines():
         if line.startswith("+++ b/"):
             current = counts.setdefault(line[len("+++ b/") :], [0, 0])
             in_hunk = False
@@ -186,72 +172,92 @@ class _Supported(TestCase):
 
 
 class TestSeriesApplies(_Supported):
-    """Each patch applies alone and in series to copies of the installed files."""
+    """The series applies as a stack, without offsets or fuzz, to copies of the installed files."""
 
     def test_series_is_the_documented_one(self) -> None:
-        """docs/upstream holds exactly the series' patches, each touching only its declared files, each with a test patch."""
-        self.assertEqual(sorted(p.name for p in UPSTREAM.glob("*.patch")), list(SERIES))
+        """Each series directory holds exactly the series' patches, each touching only its declared files, each with a test patch."""
+        for directory in SERIES_DIRS.values():
+            self.assertEqual(sorted(p.name for p in directory.glob("*.patch")), list(SERIES), msg=directory)
         self.assertEqual(sorted(p.name for p in TESTS.glob("*.patch")), list(SERIES))
         for patch, (files, _, _) in SERIES.items():
-            text = (UPSTREAM / patch).read_text()
-            self.assertEqual(re.findall(r"^--- a/(\S+)$", text, re.M), list(files), msg=patch)
-            self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M), list(files), msg=patch)
+            for directory in SERIES_DIRS.values():
+                text = (directory / patch).read_text()
+                self.assertEqual(re.findall(r"^--- a/(\S+)$", text, re.M), list(files), msg=patch)
+                self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M), list(files), msg=patch)
             tests = (TESTS / patch).read_text()
-            self.assertEqual(re.findall(r"^\+\+\+ b/(\S+)$", tests, re.M), ["test/test_fake_tensor.py"], msg=patch)
+            added = re.findall(r"^\+\+\+ b/(\S+)$", tests, re.M)
+            self.assertEqual(added[0], upstream_test_sources.FAKE_TENSOR_TESTS, msg=patch)
+            self.assertEqual(set(added[1:]), set(added_sources(patch).files), msg=patch)
+            for new in added[1:]:
+                self.assertRegex(new, r"^test/(export|dynamo)/test_\w+\.py$", msg=patch)
 
-    def test_test_patches_add_tests_to_fake_tensor_dispatch_cache(self) -> None:
-        """Each test patch only adds lines, in FakeTensorDispatchCache, and adds at least one test named in its patch's header."""
+    def test_release_series_are_one_change(self) -> None:
+        """The series of every release adds and removes the same lines in the same hunks, and says the same but its release."""
+        def lines(text: str) -> list[str]:
+            return [line for line in text.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+        def header(text: str) -> str:
+            return re.sub(r"\d+\.\d+\.\d+", "X", text.split("\n--- a/", 1)[0])
+
+        base, *others = SERIES_DIRS.values()
+        for patch in SERIES:
+            for other in others:
+                with self.subTest(patch=patch, release=other.name):
+                    a, b = (base / patch).read_text(), (other / patch).read_text()
+                    self.assertEqual(lines(a), lines(b))
+                    self.assertEqual(header(a), header(b))
+                    self.assertEqual(a.count("\n@@ "), b.count("\n@@ "))
+
+    def test_test_patches_add_tests(self) -> None:
+        """Each test patch only adds lines, FakeTensorDispatchCache tests among them, named in its patch's header."""
         for patch in SERIES:
             text = (TESTS / patch).read_text()
             body = text.split("\n--- a/", 1)[1]
             self.assertNotRegex(body, r"(?m)^-(?!--)", msg=patch)
             names = probe_test_names(patch)
-            self.assertGreater(len(names), 0, msg=patch)
+            self.assertGreater(len([n for n in names if n.startswith(SERIES[patch][1] + ".")]), 0, msg=patch)
             header = (UPSTREAM / patch).read_text().split("\n--- a/", 1)[0]
             self.assertIn("FakeTensorDispatchCache", header, msg=patch)
             self.assertIn(f"tests/{patch}", header, msg=patch)
 
     def test_each_patch_has_a_header(self) -> None:
-        """Every patch starts with a header saying what it does, why, and where its tests are."""
+        """Every patch starts with a header saying what it does, why, where its tests are, and what it applies to."""
         for patch in SERIES:
             header = (UPSTREAM / patch).read_text().split("\n--- a/", 1)[0]
-            for part in ("What:", "Why:", "Tests:"):
+            for part in ("What:", "Why:", "Tests:", "Against torch "):
                 self.assertIn(part, header, msg=patch)
 
-    def test_each_patch_applies_alone(self) -> None:
-        """A dry run of each patch succeeds without fuzz on fresh copies (and without offsets on PATCH_BASE)."""
-        for patch in SERIES:
+    def test_each_patch_applies_on_its_stack(self) -> None:
+        """A dry run of each patch on the patches it is stacked on succeeds without fuzz or offset."""
+        for patch, (_, _, below) in SERIES.items():
             with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
-                tree = pathlib.Path(d) / "site-packages"
-                copy_installed(tree)
+                tree = patched_tree(pathlib.Path(d), list(below))
+                before = {rel: sha256(tree / rel) for rel in TOUCHED}
                 proc = apply_patch(tree, patch, dry_run=True)
                 output = proc.stdout + proc.stderr
                 self.assertEqual(proc.returncode, 0, msg=output)
-                self.assertNotRegex(output, r"(?i)fuzz|reject|already applied")
-                if TORCH_VERSION == PATCH_BASE:
-                    self.assertNotRegex(output, r"(?i)offset")
-                self.assertEqual({rel: sha256(tree / rel) for rel in TOUCHED}, INSTALLED)
+                self.assertNotRegex(output, r"(?i)fuzz|reject|already applied|offset")
+                self.assertEqual({rel: sha256(tree / rel) for rel in TOUCHED}, before)
 
     def test_each_patch_git_apply_check(self) -> None:
-        """git apply --check accepts each patch on its own as well."""
+        """git apply --check accepts each patch on its stack as well."""
         if not shutil.which("git"):
             self.skipTest("git is not installed")
-        for patch in SERIES:
+        for patch, (_, _, below) in SERIES.items():
             with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
-                tree = pathlib.Path(d) / "site-packages"
-                copy_installed(tree)
+                tree = patched_tree(pathlib.Path(d), list(below))
                 proc = apply_patch(tree, patch, dry_run=True, git=True)
                 self.assertEqual(proc.returncode, 0, msg=proc.stderr)
 
     def test_series_applies_in_order_and_compiles(self) -> None:
-        """The patches apply one after the other without fuzz; every touched file changes and byte-compiles."""
+        """The patches apply one after the other without fuzz or offset; every touched file changes and byte-compiles."""
         with tempfile.TemporaryDirectory() as d:
             tree = pathlib.Path(d) / "site-packages"
             copy_installed(tree)
             for patch in SERIES:
                 proc = apply_patch(tree, patch)
                 self.assertEqual(proc.returncode, 0, msg=proc.stdout + proc.stderr)
-                self.assertNotRegex(proc.stdout + proc.stderr, r"(?i)fuzz|reject")
+                self.assertNotRegex(proc.stdout + proc.stderr, r"(?i)fuzz|reject|offset")
             for rel in TOUCHED:
                 self.assertNotEqual(sha256(tree / rel), INSTALLED[rel], msg=rel)
                 py_compile.compile(str(tree / rel), cfile=os.path.join(d, "out.pyc"), doraise=True)
@@ -303,8 +309,7 @@ class TestSeriesBehaviour(_Supported):
     def assertAllPassed(self, result: dict[str, str], patch: str) -> None:
         expected = probe_test_names(patch)
         self.assertGreater(len(expected), 0)
-        cls_name = SERIES[patch][1]
-        got = {k: v for k, v in result.items() if k.startswith(cls_name + ".")}
+        got = {k: v for k, v in result.items() if k in expected}
         self.assertEqual(sorted(got), sorted(expected))
         failed = {k: v for k, v in got.items() if v != "ok"}
         if failed:
@@ -313,8 +318,7 @@ class TestSeriesBehaviour(_Supported):
     def series_result(self) -> dict[str, str]:
         cls = type(self)
         if cls._series_result is None:
-            names = [case for _, case, _ in SERIES.values()]
-            cls._series_result = run_probe(["probe", *names], cls.series, "PROBE-RESULT")
+            cls._series_result = run_probe(["probe", *NUMBERS], cls.series, "PROBE-RESULT")
         return cls._series_result
 
     def test_patched_modules_are_the_ones_imported(self) -> None:
@@ -339,25 +343,25 @@ class TestSeriesBehaviour(_Supported):
                 self.assertAllPassed(self.series_result(), patch)
 
     def test_each_patch_alone(self) -> None:
-        """Every patch's tests pass with only that patch (and the patches they need) applied."""
-        for patch, (_, case, needs) in SERIES.items():
+        """Every patch's tests pass with only that patch and the patches it is stacked on applied."""
+        for patch, (_, _, below) in SERIES.items():
             with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
-                tree = patched_tree(pathlib.Path(d), [p for p in SERIES if p == patch or p in needs])
-                self.assertAllPassed(run_probe(["probe", case], tree, "PROBE-RESULT"), patch)
+                tree = patched_tree(pathlib.Path(d), [*below, patch])
+                self.assertAllPassed(run_probe(["probe", patch[:4]], tree, "PROBE-RESULT"), patch)
 
     def test_tests_fail_on_unpatched_torch(self) -> None:
         """Every test of every patch fails on the installed, unpatched torch."""
-        result = run_probe(["probe", *(case for _, case, _ in SERIES.values())], None, "PROBE-RESULT")
+        result = run_probe(["probe", *NUMBERS], None, "PROBE-RESULT")
         self.assertEqual(sorted(result), sorted(n for patch in SERIES for n in probe_test_names(patch)))
         self.assertEqual({k for k, v in result.items() if v == "ok"}, set())
 
     def test_no_policy_matches_stock_counters(self) -> None:
-        """Without a policy, a fixed workload leaves the same stock counters and outputs as unpatched torch (each patch alone, series)."""
+        """Without a policy, a fixed workload leaves the same stock counters and outputs as unpatched torch (each patch on its stack, series)."""
         stock = run_probe(["workload"], None, "WORKLOAD-RESULT")
         self.assertIn("non-builtin", stock[2])
-        for patch in SERIES:
+        for patch, (_, _, below) in SERIES.items():
             with self.subTest(patch=patch), tempfile.TemporaryDirectory() as d:
-                alone = patched_tree(pathlib.Path(d), [patch])
+                alone = patched_tree(pathlib.Path(d), [*below, patch])
                 self.assertEqual(run_probe(["workload"], alone, "WORKLOAD-RESULT"), stock)
         self.assertEqual(run_probe(["workload"], self.series, "WORKLOAD-RESULT"), stock)
 

@@ -2,7 +2,7 @@
 
 Runs in a subprocess, never imported by the test process::
 
-    TCP_PATCHED_TREE=/tmp/x/site-packages python test/upstream_patch_probe.py probe CachePolicy ...
+    TCP_PATCHED_TREE=/tmp/x/site-packages python test/upstream_patch_probe.py probe 0003 ...
     TCP_PATCHED_TREE= python test/upstream_patch_probe.py workload
 
 ``TCP_PATCHED_TREE`` names a tree laid out like site-packages that holds the
@@ -11,15 +11,18 @@ present are served in place of the installed modules, so the installed torch
 is never written. Empty: the installed torch, unpatched.
 
 The tests are not written here. Each patch of the series comes with a patch
-to torch's ``test/test_fake_tensor.py`` (``docs/upstream/tests/``) that adds
-methods to its ``FakeTensorDispatchCache``; that is what a maintainer reviews
-and what was run against torch's own file (``docs/upstream/README.md``).
-torch's test file is not in this repository, so ``probe`` reads the methods a
-test patch adds (its ``+`` lines) and runs them in a ``TestCase`` that has
-what those methods use from ``test_fake_tensor.py``: its imports, its
-module-level cache configuration, and ``assertHitsMisses`` /
-``assertBypasses`` (:class:`DispatchCacheTestCase`). It prints
-``PROBE-RESULT <json>``: for every test id, ``"ok"`` or the failure.
+to torch's tests (``docs/upstream/tests/``) that adds helpers and methods to
+``test/test_fake_tensor.py``'s ``FakeTensorDispatchCache`` and may add whole
+test files (0003: ``test/export/``, ``test/dynamo/``); that is what a
+maintainer reviews and what was run against torch's own file
+(``docs/upstream/README.md``). torch's test file is not in this repository,
+so ``probe`` reads what a test patch adds (test/upstream_test_sources.py) and
+runs the methods in a ``TestCase`` that has what they use from
+``test_fake_tensor.py``: its imports, its module-level cache configuration,
+the patch's module-level helpers, and ``assertHitsMisses`` /
+``assertBypasses`` (:class:`DispatchCacheTestCase`); a new test file runs as
+a module of its own. It prints ``PROBE-RESULT <json>``: for every test id,
+``"ok"`` or the failure.
 
 ``workload`` prints ``WORKLOAD-RESULT <json>``, the stock cache counters and
 outputs of a fixed workload, which must not change with the series when no
@@ -39,7 +42,7 @@ from types import ModuleType
 
 PATCHED_FILES = {"torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py"}
 TEST_PATCHES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "upstream" / "tests"
-# The TestCase name of each test patch, by the number of the patch it tests.
+# The TestCase name of each test patch's FakeTensorDispatchCache methods, by the number of the patch it tests.
 CASES = {"0001": "StockHardening", "0002": "CacheClearOnSubclass", "0003": "CachePolicy"}
 
 
@@ -64,35 +67,21 @@ def serve_patched_modules(tree: str) -> None:
         sys.meta_path.insert(0, _PatchedFinder(tree))
 
 
-def added_methods(patch: pathlib.Path) -> str:
-    """The class-level code a test patch adds to ``test_fake_tensor.py``, as it is indented there.
-
-    ``instantiate_parametrized_tests(...)`` lines are left out: :func:`test_case`
-    instantiates every class it builds.
-    """
-    lines: list[str] = []
-    in_hunk = False
-    for line in patch.read_text().splitlines():
-        if line.startswith("@@ "):
-            in_hunk = True
-        elif line.startswith(("--- ", "+++ ")):
-            in_hunk = False
-        elif in_hunk and line.startswith("+"):
-            if not line.startswith("+instantiate_parametrized_tests("):
-                lines.append(line[1:])
-    return "\n".join(lines)
-
-
 # Before torch is imported, which is why the imports below come after code.
 serve_patched_modules(os.environ.get("TCP_PATCHED_TREE", ""))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import upstream_test_sources  # noqa: E402
 
 import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import traceback  # noqa: E402
 import unittest  # noqa: E402
 from typing import Any  # noqa: E402
 from unittest.mock import patch  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config  # noqa: E402
@@ -115,6 +104,7 @@ torch._dynamo.config.fake_tensor_cache_crosscheck_enabled = True
 # What the added methods may use from test_fake_tensor.py's module scope.
 TEST_GLOBALS: dict[str, Any] = {
     "gc": gc,
+    "np": np,
     "io": io,
     "patch": patch,
     "torch": torch,
@@ -152,22 +142,51 @@ def test_patch(number: str) -> pathlib.Path:
     return path
 
 
-def test_case(name: str) -> type[TestCase]:
-    """The TestCase ``name`` (a value of :data:`CASES`), built from its test patch."""
-    number = next(n for n, case in CASES.items() if case == name)
+def test_cases(number: str) -> tuple[list[type[TestCase]], dict[str, str]]:
+    """The TestCases of test patch ``number``, and the test ids of new files that could not be imported -> why.
+
+    The methods added to FakeTensorDispatchCache become the class ``CASES[number]``, with the patch's module-level
+    helpers in its module scope; each new file runs as a module of its own.
+    """
+    sources = upstream_test_sources.read_test_patch(test_patch(number))
+    name = CASES[number]
     namespace: dict[str, Any] = {**TEST_GLOBALS, "DispatchCacheTestCase": DispatchCacheTestCase}
-    source = f"class {name}(DispatchCacheTestCase):\n{added_methods(test_patch(number))}\n"
+    source = f"{sources.module}\n\n\nclass {name}(DispatchCacheTestCase):\n{sources.methods}\n"
     exec(compile(source, str(test_patch(number)), "exec"), namespace)
     cls: type[TestCase] = namespace[name]
     instantiate_parametrized_tests(cls)
-    return cls
+    classes, broken = [cls], {}
+    for path, file_source in sources.files.items():
+        # A module in sys.modules: dynamo imports the module of the code it traces by name.
+        new = ModuleType("upstream_" + pathlib.Path(path).stem)
+        new.__file__ = path
+        sys.modules[new.__name__] = new
+        module = vars(new)
+        try:
+            exec(compile(file_source, path, "exec"), module)
+        except Exception:
+            why = traceback.format_exc()
+            only = upstream_test_sources.TestSources("", "", {path: file_source})
+            broken.update({test_id: why for test_id in upstream_test_sources.test_ids(only, name)})
+            continue
+        classes += [
+            v
+            for v in module.values()
+            if isinstance(v, type) and issubclass(v, unittest.TestCase) and v.__module__ == module["__name__"]
+        ]
+    return classes, broken
 
 
-def probe(names: Sequence[str]) -> dict[str, str]:
-    """Runs the named TestCases; maps each test id (``Case.test_name``) to "ok" or its failure."""
-    classes = [test_case(n) for n in names]
+def probe(numbers: Sequence[str]) -> dict[str, str]:
+    """Runs the tests of the named test patches; maps each test id (``Case.test_name``) to "ok" or its failure."""
+    classes: list[type[TestCase]] = []
+    outcome: dict[str, str] = {}
+    for number in numbers:
+        cases, broken = test_cases(number)
+        classes += cases
+        outcome.update(broken)
     suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in classes)
-    outcome = {_test_id(t): "ok" for t in _tests(suite)}
+    outcome.update({_test_id(t): "ok" for t in _tests(suite)})
     result = unittest.TestResult()
     suite.run(result)
     for test, trace in result.failures + result.errors:
@@ -178,6 +197,8 @@ def probe(names: Sequence[str]) -> dict[str, str]:
 
 
 def _test_id(test: unittest.TestCase) -> str:
+    # A failed subTest is reported as a _SubTest of the test that ran it.
+    test = getattr(test, "test_case", test)
     return f"{type(test).__name__}.{test._testMethodName}"
 
 
@@ -218,7 +239,7 @@ def main(argv: Sequence[str]) -> None:
     elif argv == ["workload"]:
         print("WORKLOAD-RESULT " + json.dumps(workload()))
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} probe {' '.join(CASES.values())} | workload")
+        raise SystemExit(f"usage: {sys.argv[0]} probe {' '.join(CASES)} | workload")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # An entry replays the ops its kernel dispatched too (a backend op calling another, invoke_subgraph's subgraph),
 # which may read the policy's context, be re-registered or denied, unseen by the outer key. So a miss opens a frame
-# where inner backend dispatches, cached or not, record their table keys and denied ops taint it. A tainted miss
-# becomes a negative entry, one with dependencies a Dependent, valid while each keeps its value (hits pass them on).
+# where inner backend dispatches, cached or not, record their table keys; denied ops, and backend ops that bypass
+# (their call is not replayable: N1 of the upstream review), taint it. A tainted miss becomes a negative entry, one
+# with dependencies a Dependent, valid while each keeps its value (hits pass them on).
 
 from __future__ import annotations
 

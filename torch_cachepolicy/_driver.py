@@ -85,12 +85,16 @@ def cached_dispatch(
             key = extend_key(key, route.slots, key_state, args, kwargs)
         shape_env = key_state.shape_env if key_state.cache_on_shape_env() else None
         if shape_env is not None:  # every route: stock's aten entries compare symbols across ShapeEnvs
+            if mode.shape_env is None:  # guards and symbols a kernel adds there are not the mode's to replay
+                raise _BypassDispatchCache(_reasons.UNKNOWN_SYMBOL)
             check_own_symbols(key, key_state)
         # Raises for a key with a symbol shape_env does not know (_reasons.UNKNOWN_SYMBOL).
         table = _table(state, route, table_key, key_state, shape_env)
     except _BypassDispatchCache as e:
         log.debug("bypass %s: %s", func, e.reason)
         stats.bypass(e.reason)
+        if kind is POLICY:  # See Note [Entries cover inner ops]
+            state.frames.taint()
         return mode._dispatch_impl(func, types, args, kwargs)
 
     entry: Any = table.get(key)
@@ -98,7 +102,7 @@ def cached_dispatch(
         entry = entry.entry if state.frames.still_valid(entry, lambda r: current_table_key(mode, state, r)) else None
     elif isinstance(entry, _DispatchCacheBypassEntry):
         stats.bypass(entry.reason)
-        if entry.reason == _reasons.RUNS_EXCLUDED:
+        if kind is POLICY or entry.reason == _reasons.RUNS_EXCLUDED:
             state.frames.taint()
         return mode._dispatch_impl(func, types, args, kwargs)
     if entry is None:
@@ -211,6 +215,8 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
     except _BypassDispatchCache as e:
         # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
         route.stats.bypass(e.reason)
+        if route.kind is POLICY:
+            state.frames.taint()
         if in_torch_storage:
             return output
         _store(state, route, call, _DispatchCacheBypassEntry(e.reason), [call.table])
@@ -219,7 +225,7 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
     if reason is not None:
         log.debug("negative entry for %s: %s", route.func, reason)
         route.stats.bypass(reason)
-        if reason == _reasons.RUNS_EXCLUDED:
+        if route.kind is POLICY or reason == _reasons.RUNS_EXCLUDED:
             state.frames.taint()
         entry = _DispatchCacheBypassEntry(reason)
     else:

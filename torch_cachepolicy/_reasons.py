@@ -31,7 +31,7 @@ UNBACKED_SCALAR = "unbacked symbol in scalar output"
 OUTPUTS_ALIAS = "outputs alias each other"
 UNDECLARED_ALIAS = "output aliases an input without a schema annotation"
 SHAPE_ENV_CHANGED = "fake kernel changed the ShapeEnv"
-RUNS_EXCLUDED = "its kernel dispatches an op the policy denies"
+RUNS_EXCLUDED = "its kernel dispatches an op the policy denies or cannot cache"
 ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
 
 

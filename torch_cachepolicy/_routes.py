@@ -12,7 +12,7 @@ from torch._subclasses import fake_tensor as _ft
 
 from torch_cachepolicy import _kernels, _reasons
 from torch_cachepolicy._key_extension import GENERIC_SLOTS, ArgSlots
-from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CachePolicy
+from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy
 from torch_cachepolicy.report import OpStats
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,8 @@ def route_for(policy: CachePolicy, func: object, stats: OpStats, private: bool) 
         route.slots = GENERIC_SLOTS
         return route, True
     decision = policy.decide(func)
+    if type(decision) is not CacheDecision:
+        raise TypeError(f"torch_cachepolicy.CachePolicy.decide(...): {type(policy).__name__}.decide({func}) returned {decision!r}; return a CacheDecision")
     builtin = func.namespace in BUILTIN_NAMESPACES
     if not decision.cacheable:
         route = Route(BYPASS, func, stats, decision.label)

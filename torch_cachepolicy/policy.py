@@ -72,6 +72,10 @@ class CacheDecision:
     label: str
     explicit: bool = False
 
+    def __post_init__(self) -> None:
+        if type(self.cacheable) is not bool or type(self.explicit) is not bool:  # a truthy np.bool_ must not admit
+            raise TypeError(f"torch_cachepolicy.CacheDecision(...): cacheable and explicit must be bool, got {self!r}")
+
 
 class _Registrar:
     """Returned by ``register_*``: registration is done; used as a decorator it returns the object unchanged."""
