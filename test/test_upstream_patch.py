@@ -17,7 +17,6 @@ offsets or fuzz.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import json
@@ -68,6 +67,9 @@ SERIES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     ),
 }
 NUMBERS = [patch[:4] for patch in SERIES]
+# Tests that pass on unpatched torch by design: they guard stock behaviour a
+# patch must keep (0001's storage check leaves data-dependent outputs cached).
+PASS_UNPATCHED = {"StockHardening.test_cache_storage_check_keeps_data_dependent_sizes"}
 TOUCHED = ("torch/_subclasses/fake_tensor.py",)
 MODULES = {rel: rel[: -len(".py")].replace("/", ".") for rel in TOUCHED}
 
@@ -350,10 +352,10 @@ class TestSeriesBehaviour(_Supported):
                 self.assertAllPassed(run_probe(["probe", patch[:4]], tree, "PROBE-RESULT"), patch)
 
     def test_tests_fail_on_unpatched_torch(self) -> None:
-        """Every test of every patch fails on the installed, unpatched torch."""
+        """Every test of every patch fails on the installed, unpatched torch, but the named guards of stock behaviour."""
         result = run_probe(["probe", *NUMBERS], None, "PROBE-RESULT")
         self.assertEqual(sorted(result), sorted(n for patch in SERIES for n in probe_test_names(patch)))
-        self.assertEqual({k for k, v in result.items() if v == "ok"}, set())
+        self.assertEqual({k for k, v in result.items() if v == "ok"}, PASS_UNPATCHED)
 
     def test_no_policy_matches_stock_counters(self) -> None:
         """Without a policy, a fixed workload leaves the same stock counters and outputs as unpatched torch (each patch on its stack, series)."""

@@ -71,8 +71,6 @@ def serve_patched_modules(tree: str) -> None:
 serve_patched_modules(os.environ.get("TCP_PATCHED_TREE", ""))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import upstream_test_sources  # noqa: E402
-
 import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
@@ -86,6 +84,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config  # noqa: E402
 import torch.ao.quantization.fx._decomposed  # noqa: E402, F401  (defines quantized_decomposed)
+import upstream_test_sources  # noqa: E402
 from torch._guards import TracingContext  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode, extract_tensor_metadata  # noqa: E402
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: E402
@@ -142,7 +141,7 @@ def test_patch(number: str) -> pathlib.Path:
     return path
 
 
-def test_cases(number: str) -> tuple[list[type[TestCase]], dict[str, str]]:
+def test_cases(number: str) -> tuple[list[type[unittest.TestCase]], dict[str, str]]:
     """The TestCases of test patch ``number``, and the test ids of new files that could not be imported -> why.
 
     The methods added to FakeTensorDispatchCache become the class ``CASES[number]``, with the patch's module-level
@@ -155,7 +154,8 @@ def test_cases(number: str) -> tuple[list[type[TestCase]], dict[str, str]]:
     exec(compile(source, str(test_patch(number)), "exec"), namespace)
     cls: type[TestCase] = namespace[name]
     instantiate_parametrized_tests(cls)
-    classes, broken = [cls], {}
+    classes: list[type[unittest.TestCase]] = [cls]
+    broken: dict[str, str] = {}
     for path, file_source in sources.files.items():
         # A module in sys.modules: dynamo imports the module of the code it traces by name.
         new = ModuleType("upstream_" + pathlib.Path(path).stem)
@@ -179,7 +179,7 @@ def test_cases(number: str) -> tuple[list[type[TestCase]], dict[str, str]]:
 
 def probe(numbers: Sequence[str]) -> dict[str, str]:
     """Runs the tests of the named test patches; maps each test id (``Case.test_name``) to "ok" or its failure."""
-    classes: list[type[TestCase]] = []
+    classes: list[type[unittest.TestCase]] = []
     outcome: dict[str, str] = {}
     for number in numbers:
         cases, broken = test_cases(number)
