@@ -558,6 +558,59 @@ def entries_in_torch_storage(op: OpOverload) -> int:
 STEPS = ["cache_clear", "new_policy", "rule_change"]
 
 
+class TestAtenVerification(CachePolicyTestCase):
+    """Note [What a hit of an aten entry can get wrong]: an aten miss compares where the output lives and the inputs
+    its schema lets the kernel write. Ops defined in the aten namespace with such Meta kernels show what stock would
+    replay wrongly (overriding a real aten op's kernel would outlive the test in torch's caches)."""
+
+    # schema, Meta kernel, reason
+    KERNELS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor], str]] = {
+        "offset": ("(Tensor x) -> Tensor", lambda x: x.new_empty(x.numel() + 8)[8:].view(x.shape),
+                   "a hit would differ in storage_offset"),
+        "larger_storage": ("(Tensor x) -> Tensor", lambda x: x.new_empty(x.numel() + 8)[: x.numel()].view(x.shape),
+                           "a hit would differ in storage size"),
+        "resizes_input": ("(Tensor(a!) x) -> Tensor(a!)", lambda x: x.resize_(x.numel() + 1),
+                          "fake kernel changed an input's shape"),
+        "returns_input_storage": ("(Tensor x) -> Tensor", lambda x: x.view(x.shape),
+                                  "output aliasing a cache hit would not reproduce"),
+    }  # fmt: skip
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.lib = torch.library.Library("aten", "FRAGMENT")
+        for name, (schema, meta, _) in cls.KERNELS.items():
+            cls.lib.define(f"_tcp_test_{name}{schema}")
+            cls.lib.impl(f"_tcp_test_{name}", meta, "Meta")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.lib._destroy()
+        super().tearDownClass()
+
+    @parametrize("kernel", list(KERNELS))
+    def test_meta_kernel_a_hit_cannot_reproduce(self, kernel: str) -> None:
+        """An aten op whose Meta kernel returns what torch's entry cannot rebuild, or changes its input, bypasses."""
+        op = getattr(torch.ops.aten, f"_tcp_test_{kernel}").default
+        mode = tcp.FakeTensorMode(cache_crosscheck=True)
+        with mode:
+            outs = [(op(x := torch.empty(4)), x) for _ in range(3)]
+        self.assertBypassed(mode, op, self.KERNELS[kernel][2], 3)
+        seen = {(o.storage_offset(), o.untyped_storage().nbytes(), storage(o) == storage(x), tuple(x.shape))
+                for o, x in outs}  # fmt: skip
+        self.assertEqual(len(seen), 1, msg=f"calls differ: {seen}")
+        with StockMode():  # the control: stock replays a different output, or skips the kernel's change
+            x = torch.empty(4)
+            first = op(x)
+            x2 = torch.empty(4)
+            second = op(x2)
+        self.assertNotEqual(
+            (first.storage_offset(), first.untyped_storage().nbytes(), storage(first) == storage(x), tuple(x.shape)),
+            (second.storage_offset(), second.untyped_storage().nbytes(), storage(second) == storage(x2),
+             tuple(x2.shape)),
+        )  # fmt: skip
+
+
 class TestRejectedOpsStayPrivate(CachePolicyTestCase):
     """Note [Entries that must reproduce aliasing]: an op whose entry failed
     verification once keeps its entries in the mode's store for the mode's life."""
@@ -1353,6 +1406,7 @@ instantiate_parametrized_tests(TestDropIn)
 instantiate_parametrized_tests(TestOwnerDeclarations)
 instantiate_parametrized_tests(TestSafety)
 instantiate_parametrized_tests(TestVerification)
+instantiate_parametrized_tests(TestAtenVerification)
 instantiate_parametrized_tests(TestRejectedOpsStayPrivate)
 instantiate_parametrized_tests(TestHigherOrderOps)
 

@@ -238,7 +238,9 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, f"{_MODE}._output_from_cache_entry", params=("self", "state", "entry", "key", "func", "args")),
     # Hashes a GraphModule (and callables wrapping one) by id; _driver.py evicts such keys when the object dies.
     _Internal(_FT, f"{_MODE}._prep_args_for_hash", params=("self", "result", "args", "state", "id_hashed_objects")),
-    _Internal(_FT, f"{_MODE}.from_tensor", params=("self", "tensor")),
+    # adopt() moves a value by setting the attribute FakeTensor.__new__ assigns (Note [Moving values rather than
+    # copying them]).
+    _Internal(_FT, "FakeTensor.__new__", refers_to=("fake_mode",)),
     _Internal(_FT, f"{_MODE}.cache", check=_is_type(dict)),
     _Internal(_FT, "FakeTensorConverter.__init__", keywords=("export",), refers_to=("export",)),
     # The cache's data types.

@@ -29,6 +29,8 @@ from torch_cachepolicy._state import CacheState
 from torch_cachepolicy._symbols import check_own_symbols, knowledge
 from torch_cachepolicy._synth import stub_symint_output
 from torch_cachepolicy._verify import (
+    ALL_FIELDS,
+    STORAGE_FIELDS,
     InputSnapshot,
     check_backend_op,
     check_backend_output,
@@ -202,7 +204,9 @@ def _run(mode: Any, state: CacheState, route: Route, call: _Call) -> tuple[objec
 
 def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
     """Runs the kernel, reaches a verdict on the entry it would make, and stores it."""
-    snapshot = InputSnapshot(call.args, call.kwargs)
+    # See Note [What a hit of an aten entry can get wrong]: an aten kernel writes only what its schema declares.
+    aten = route.kind is STOCK
+    snapshot = None if aten and not route.func._schema.is_mutable else InputSnapshot(call.args, call.kwargs)  # type: ignore[attr-defined]
     # A backend kernel must not create symbols nor, if it saw none, teach the ShapeEnv (a hit would not).
     watch_env = route.kind is not STOCK and mode.shape_env is not None
     env_before = shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) if watch_env else None
@@ -264,12 +268,12 @@ def _verify(
     call: _Call,
     entry: Any,
     output: object,
-    snapshot: InputSnapshot,
+    snapshot: InputSnapshot | None,
     frame: Frame,
     env_before: tuple[object, ...] | None,
 ) -> str | None:
     """Why a hit of ``entry`` would not be exactly this uncached run, or None."""
-    changed = snapshot.changed()
+    changed = None if snapshot is None else snapshot.changed()
     if changed is not None:
         return _reasons.input_changed(changed)
     if frame.tainted:
@@ -279,7 +283,8 @@ def _verify(
             check_backend_output(call.key_state, route.func, call.args, output)  # type: ignore[arg-type]
         if env_before is not None and shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) != env_before:
             return _reasons.SHAPE_ENV_CHANGED
-        verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output)  # type: ignore[arg-type]
+        fields = STORAGE_FIELDS if route.kind is STOCK else ALL_FIELDS
+        verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output, fields)  # type: ignore[arg-type]
     except _BypassDispatchCache as e:
         return e.reason
     return None

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,8 @@ from torch_cachepolicy import _reasons
 from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+Fields = Callable[[torch.Tensor], tuple[tuple[str, object], ...]]
 
 
 def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
@@ -55,6 +57,34 @@ def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
     )
 
 
+# Note [What a hit of an aten entry can get wrong]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# For an aten/prim/prims op (a STOCK route) torch's own cache already trusts the schema and tags: an op that is not
+# mutable does not write its inputs, views are declared, and the ops whose fake kernels memoize on an input (nonzero,
+# unique, item) or return a constant are tagged or checked, so stock bypasses them. An entry copies the output's
+# dtype, shape, stride, layout, device, requires_grad and conj/neg bits from this very output, and the synthesis
+# that rebuilds it is held to torch's by test_synth. What it cannot carry is where the output lives: a fresh output
+# comes back at offset 0 on the smallest storage, sharing none, and a view on its one tensor argument's storage. So
+# an aten miss compares only those (STORAGE_FIELDS, plus the version counter an inner in-place op may bump), and
+# snapshots its inputs only when the schema lets it write them (resize_, set_ change what a hit would skip).
+# Backend ops keep every field: their schemas and fake kernels are nobody's contract.
+
+
+def _storage_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
+    return (
+        ("storage_offset", guard_free_int(t.storage_offset())),
+        ("storage size", guard_free_int(t.untyped_storage().nbytes())),
+        ("is_view", t._is_view()),
+        ("version", _version(t)),
+    )
+
+
+ALL_FIELDS = _tensor_fields
+"""Every field :func:`describe` compares (a backend or higher-order op's miss, the crosscheck)."""
+STORAGE_FIELDS = _storage_fields
+"""What an aten entry cannot copy from its output (Note [What a hit of an aten entry can get wrong])."""
+
+
 def _version(t: torch.Tensor) -> int | None:
     try:
         return t._version
@@ -81,7 +111,8 @@ def _python_state(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
     state = getattr(t, "__dict__", None)
     if not state:
         return ()
-    return tuple((k, _value_state(v, _STATE_DEPTH)) for k, v in sorted(state.items()))
+    # A FakeTensor carries about twenty attributes, nearly all None: those skip the call.
+    return tuple((k, v if v is None else _value_state(v, _STATE_DEPTH)) for k, v in sorted(state.items()))
 
 
 # How deep _value_state looks into a tensor's Python attributes; beyond it, an object counts by identity.
@@ -114,12 +145,14 @@ def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list
     return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
 
 
-def describe(output: object, args: Sequence[object], kwargs: Mapping[str, object]) -> list[tuple[str, object]]:
+def describe(
+    output: object, args: Sequence[object], kwargs: Mapping[str, object], fields: Fields = ALL_FIELDS
+) -> list[tuple[str, object]]:
     """Everything a caller can observe of ``output``, as comparable (name, value) pairs.
 
-    Tensors give their metadata and aliasing (which inputs they are, which inputs and earlier outputs share
-    their storage); SymInts their expression; other values their type and value. A namedtuple counts as a
-    plain tuple (stock hits return plain tuples).
+    Tensors give their aliasing (which inputs they are, which inputs and earlier outputs share their storage)
+    and ``fields`` of their metadata; SymInts their expression; other values their type and value. A namedtuple
+    counts as a plain tuple (stock hits return plain tuples).
     """
     inputs = _input_tensors(args, kwargs)
     input_storages = [storage_id(t) for t in inputs]
@@ -142,7 +175,7 @@ def describe(output: object, args: Sequence[object], kwargs: Mapping[str, object
             # input's version counter on the way back to the caller: its own counter here is never seen.
             out.extend(
                 (f"{where} {name}", None if shared and name == "version" else value)
-                for name, value in _tensor_fields(leaf)
+                for name, value in fields(leaf)
             )
             seen_storages.append(sid)
         elif isinstance(leaf, torch.SymInt):
@@ -271,16 +304,17 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
 
 def verify_entry(
     mode: Any, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
-    kwargs: Mapping[str, object], output: object,
+    kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
 ) -> None:
-    """Bypasses unless a hit built from ``entry`` equals ``output`` (Note [Verify every entry on the miss that creates it])."""
+    """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
+    entry on the miss that creates it])."""
     try:
         rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
     except _BypassDispatchCache:
         raise
     except Exception as e:
         raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
-    diff = first_difference(describe(rebuilt, args, kwargs), describe(output, args, kwargs))
+    diff = first_difference(describe(rebuilt, args, kwargs, fields), describe(output, args, kwargs, fields))
     if diff is not None:
         # "output 1 storage_offset" -> "storage_offset": reasons are counted by name, not per output position.
         field = diff.split(" ", 2)[2] if diff.startswith("output ") else diff

@@ -6,7 +6,7 @@ is active: :func:`export` runs it in a context holding a policy mode configured 
 Example::
 
     ep = torch_cachepolicy.export(model, args, cache_policy=CachePolicy(namespaces=["quantized_decomposed"]))
-    mode = torch_cachepolicy.adopt(ep)  # the program's mode; re-creates nothing
+    mode = torch_cachepolicy.adopt(ep)  # the program's mode; moves nothing
     ep = ep.run_decompositions()  # dispatches through `mode`
 """
 

@@ -141,6 +141,8 @@ class Lowering:
         bypasses: cache bypasses during the lowering, counted like ``hits``.
         census: the dispatch recorder's census of the lowering
             (``record=True`` only).
+        export_seconds: wall time of the ``torch.export.export`` that made
+            the program, when the caller timed it (the timed runs do).
     """
 
     config: str
@@ -156,6 +158,7 @@ class Lowering:
     constants: str = ""
     bypasses: int = 0
     census: Any = field(default=None, repr=False)
+    export_seconds: float = 0.0
 
 
 def delegate_payloads(graph_module: torch.fx.GraphModule) -> dict[str, bytes]:

@@ -23,14 +23,15 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
             f"model: {flow.get('model_description', settings.get('model_description', '-'))}",
             "",
-            "| config | median wall s | median CPU s | setup ms | hits | misses |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| config | median wall s | median CPU s | setup ms | (export + setup) / export | hits | misses |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for config in configs:
             c = configs[config]
             lines.append(
                 f"| {config} | {c['median_seconds']:.3f} | {c['median_cpu_seconds']:.3f} | "
-                f"{c['median_setup_ms']:.1f} | {statistics.median(c['hits']):.0f} | "
+                f"{c['median_setup_ms']:.1f} | {c.get('median_export_stage_ratio', float('nan')):.3f} | "
+                f"{statistics.median(c['hits']):.0f} | "
                 f"{statistics.median(c['misses']):.0f} |"
             )
         lines += [

@@ -9,6 +9,7 @@ same delegate payloads, the same graph code and the same constants.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,7 +63,11 @@ def _run_flow(
     for round_ in range(-1, repeats):
         line: list[str] = []
         for config in order:
-            result = lower(fresh_program(), config, flow=flow, policy=policy)
+            start = time.perf_counter()
+            program = fresh_program()
+            export_seconds = time.perf_counter() - start
+            result = lower(program, config, flow=flow, policy=policy)
+            result.export_seconds = export_seconds
             if reference is None:
                 reference = result
             identical["delegate_payloads"] &= result.payloads == reference.payloads
@@ -85,6 +90,11 @@ def _run_flow(
             "seconds": [r.seconds for r in runs],
             "cpu_seconds": [r.cpu_seconds for r in runs],
             "setup_ms": [r.setup_seconds * 1e3 for r in runs],
+            "export_ms": [r.export_seconds * 1e3 for r in runs],
+            # The export stage as a pipeline sees it: stock's torch.export.export, then this config's setup (adopt).
+            "median_export_stage_ratio": statistics.median(
+                (r.export_seconds + r.setup_seconds) / r.export_seconds for r in runs
+            ),
             "median_seconds": statistics.median(r.seconds for r in runs),
             "median_cpu_seconds": statistics.median(r.cpu_seconds for r in runs),
             "median_setup_ms": statistics.median(r.setup_seconds * 1e3 for r in runs),

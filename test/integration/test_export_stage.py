@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import unittest
 from typing import Any, ClassVar
-from unittest import mock
 
-import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
@@ -45,20 +43,15 @@ class TestExportStage(TestCase):
         self.assertGreater(hits, 0)
 
     def test_adopt_cost_measures_every_value(self) -> None:
-        """adopt_cost converts as many values as adopt moves, and leaves the program adopted."""
+        """adopt_cost copies as many values as adopt moves, and leaves every one on the policy mode."""
         program = export_stage.pt2e_flow("stock")["program"]
-        moved: list[torch.Tensor] = []  # the values adopt converts, each with the policy mode's from_tensor
-        real_from_tensor = tcp.FakeTensorMode.from_tensor
-
-        def from_tensor(self: tcp.FakeTensorMode, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-            moved.append(t)
-            return real_from_tensor(self, t, **kwargs)
-
-        with mock.patch.object(tcp.FakeTensorMode, "from_tensor", from_tensor):
-            cost = export_stage.adopt_cost(program, executorch_policy())
+        cost = export_stage.adopt_cost(program, executorch_policy())
+        mode = executorch.program_mode(program)
+        self.assertIsInstance(mode, tcp.FakeTensorMode)
+        values = export_stage.fake_values(program)
         self.assertGreater(cost["values"], 50)
-        self.assertEqual(cost["values"], len(moved))
-        self.assertIsInstance(executorch.program_mode(program), tcp.FakeTensorMode)
+        self.assertEqual(cost["values"], len(values))
+        self.assertEqual({id(v.fake_mode) for v in values}, {id(mode)})
         self.assertGreater(cost["adopt_cpu"], 0)
         self.assertGreater(cost["floor_cpu"], 0)
 

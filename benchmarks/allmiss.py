@@ -1,0 +1,129 @@
+"""The cost of a first pass: a graph whose every dispatch is a cache miss, stock vs a policy mode.
+
+Run ``python -m benchmarks.allmiss [--rounds N] [--layers N] [--json PATH]`` from the repository root.
+
+The program is ``--layers`` linear layers of distinct widths, each input passed through a
+``quantized_decomposed`` quantize/dequantize pair with a scale of its own, so no two dispatches share a key.
+Each round runs it once, in a fresh mode per configuration, after ``FakeTensorMode.cache_clear()`` (a policy
+mode writes aten entries into torch's storage, as stock does, so they would otherwise hit):
+
+* ``stock``: torch's ``FakeTensorMode`` (it caches the aten ops and runs the Q/DQ ops uncached);
+* ``policy``: ``torch_cachepolicy.FakeTensorMode`` with ``CachePolicy()`` (aten only, as stock);
+* ``policy+qdq``: with ``CachePolicy(namespaces=["quantized_decomposed"])`` (every Q/DQ miss is verified too).
+
+Configurations alternate within a round, in a rotating order, and the figure is the median over rounds of each
+round's process-CPU ratio to ``stock``. Every run's dispatches must all miss (or bypass): a hit fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch._subclasses import fake_tensor as _ft
+
+import torch_cachepolicy as tcp
+from benchmarks.timing import timed
+
+__all__ = ["CONFIGS", "main", "run"]
+
+CONFIGS: tuple[str, ...] = ("stock", "policy", "policy+qdq")
+"""The configurations; ratios are to the first."""
+
+def _ops() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    ns = torch.ops.quantized_decomposed
+    return ns.quantize_per_tensor.default, ns.dequantize_per_tensor.default
+
+
+def _widths(layers: int) -> list[int]:
+    return [16 + 3 * i for i in range(layers + 1)]
+
+
+def _program(layers: int) -> Callable[[_ft.FakeTensorMode], None]:
+    """One pass over the program in ``mode``: every op's first dispatch with its arguments."""
+    quantize, dequantize = _ops()
+    widths = _widths(layers)
+
+    def run(mode: _ft.FakeTensorMode) -> None:
+        with mode:
+            x = torch.empty(8, widths[0])
+            for i in range(layers):
+                scale = 0.01 + i / 1000
+                w = torch.empty(widths[i + 1], widths[i])
+                b = torch.empty(widths[i + 1])
+                q = quantize(x, scale, 0, -128, 127, torch.int8)
+                x = dequantize(q, scale, 0, -128, 127, torch.int8)
+                x = torch.ops.aten.relu.default(torch.ops.aten.linear.default(x, w, b))
+
+    return run
+
+
+def _make(config: str) -> _ft.FakeTensorMode:
+    if config == "stock":
+        return _ft.FakeTensorMode()
+    namespaces = ["quantized_decomposed"] if config == "policy+qdq" else []
+    return tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=namespaces))
+
+
+def _hits(mode: _ft.FakeTensorMode) -> int:
+    if isinstance(mode, tcp.FakeTensorMode):
+        return mode.cache_info().hits
+    return 0  # stock's counters are class-global; its hits are counted by the caller
+
+
+def run(rounds: int, layers: int) -> dict[str, object]:
+    """Times ``rounds`` rounds; returns the per-configuration CPU seconds and the median ratios to stock."""
+    program = _program(layers)
+    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    for r in range(rounds + 1):  # round 0 warms up and is discarded
+        order = CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]
+        for config in order:
+            _ft.FakeTensorMode.cache_clear()
+            mode = _make(config)
+            stock_hits = _ft.FakeTensorMode.cache_hits
+            with timed() as t:
+                program(mode)
+            hits = _hits(mode) + (_ft.FakeTensorMode.cache_hits - stock_hits)
+            if hits:
+                raise RuntimeError(f"benchmarks.allmiss: {config} hit {hits} times; every dispatch must miss")
+            if r:
+                times[config].append(t.cpu_seconds)
+    ratios = {
+        c: statistics.median(a / s for a, s in zip(times[c], times["stock"], strict=True)) for c in CONFIGS[1:]
+    }
+    return {
+        "rounds": rounds,
+        "layers": layers,
+        "cpu_seconds_median": {c: statistics.median(v) for c, v in times.items()},
+        "ratio_to_stock_median": ratios,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.allmiss", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--layers", type=int, default=96)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.layers < 1:
+        parser.error("--rounds and --layers must be at least 1")
+    result = run(args.rounds, args.layers)
+    ratios: dict[str, float] = result["ratio_to_stock_median"]  # type: ignore[assignment]
+    seconds: dict[str, float] = result["cpu_seconds_median"]  # type: ignore[assignment]
+    print("| configuration | CPU s (median) | / stock (median of rounds) |\n| --- | --- | --- |")
+    for c in CONFIGS:
+        print(f"| {c} | {seconds[c]:.4f} | {ratios.get(c, 1.0):.3f} |")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
