@@ -2,10 +2,12 @@
 #
 # `make bench` and `make test` install everything they need into project-local
 # virtual environments that they create, never into the active interpreter:
-#   .venv            torch 2.13.0, the package (editable, _C built in place),
-#                    the test and lint tools; ExecuTorch for its tier
-#   .venv-torch214   torch 2.14.1 and the package installed from a copy of the
-#                    tree in .venv-torch214/src (the second CI tier)
+#   .venv              torch 2.13.0, the package (editable, _C built in place),
+#                      the test and lint tools; ExecuTorch for its tier
+#   .venv-torch-X      torch X (2.14.1, 2.15.0) and the package installed from a
+#                      copy of the tree in .venv-torch-X/src (make test-torch)
+# Each environment's torch is pinned in requirements/torch-X.txt, one file per
+# release CI tests (version.py's TESTED_TORCH).
 # With torch already installed, make is not needed: see "Install" in README.md.
 
 BOOTSTRAP_PYTHON ?= python3
@@ -13,7 +15,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 # torch is pinned exactly: an open range would pull a multi-GB CUDA build.
-TORCH_PIN ?= torch==2.13.0
+MAIN_TORCH := 2.13.0
 # What `pip install --no-build-isolation` needs besides torch (pyproject.toml's [build-system]).
 BUILD_TOOLS := "setuptools>=64" wheel
 # Written once the package is installed; rebuilt when a build input changes.
@@ -22,22 +24,24 @@ INSTALLED := $(VENV)/.installed
 # the charts) is installed too; only the bench targets need it.
 BENCH_INSTALLED := $(VENV)/.bench-installed
 
-VENV214 ?= .venv-torch214
-TORCH214_PIN ?= torch==2.14.1
-SRC214 := $(VENV214)/src
-# The core and upstream-patch tests, run on torch 2.14.
-TESTS214 := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
+# `make test-torch TORCH=X SUITE=core|full`: the tests on torch X in .venv-torch-X. The core tests are those of
+# the package's own logic against torch's internals; full adds the rest but packaging and the ExecuTorch tier.
+TORCH ?= 2.15.0
+SUITE ?= core
+TIER_VENV = .venv-torch-$(TORCH)
+CORE_TESTS := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
 	test/test_keybuilder.py test/test_synth.py test/test_keyparts.py test/test_export.py test/test_adopt.py \
 	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py test/test_review_findings.py
+FULL_TESTS := test --ignore=test/integration --ignore=test/test_packaging.py
 
 .PHONY: install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
-	test-torch214 test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
+	test-torch test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
 
 $(PYTHON):
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
 
-$(INSTALLED): $(PYTHON) setup.py pyproject.toml torch_cachepolicy/version.py $(wildcard csrc/*)
-	$(PIP) install --quiet "$(TORCH_PIN)" $(BUILD_TOOLS)
+$(INSTALLED): $(PYTHON) setup.py pyproject.toml torch_cachepolicy/version.py requirements/torch-$(MAIN_TORCH).txt $(wildcard csrc/*)
+	$(PIP) install --quiet -r requirements/torch-$(MAIN_TORCH).txt $(BUILD_TOOLS)
 	# --no-build-isolation: _C is built against the torch above; an isolated
 	# build would download torch again.
 	$(PIP) install --quiet --no-build-isolation -e ".[test,lint]"
@@ -133,30 +137,33 @@ test-sanitizers: $(SAN_DIR)/.built
 		$(addprefix $$root/test/,$(SAN_TESTS)); \
 	echo "[test-sanitizers] took $$(( $$(date +%s) - start )) s (build not included)"
 
-# torch 2.14.1 (a CUDA build of several GB; it runs on CPU) in its own venv.
+# torch $(TORCH) (2.14.1 and 2.15.0 are CUDA builds of several GB; they run on CPU) in its own venv.
 # The package is installed editable from a copy of the tree, so its _C is built
-# against 2.14's headers without touching the 2.13 build in this tree. The copy
+# against that torch's headers without touching the 2.13 build in this tree. The copy
 # holds the tracked and untracked-but-not-ignored files as they are on disk
 # (uncommitted work included, deleted files left out).
-test-torch214:
+test-torch:
 	@set -e; start=$$(date +%s); git rev-parse --git-dir > /dev/null; \
-	test -x $(VENV214)/bin/python || $(BOOTSTRAP_PYTHON) -m venv $(VENV214); \
-	echo "[test-torch214] $(VENV214): $(TORCH214_PIN)"; \
-	$(VENV214)/bin/python -m pip install --quiet "$(TORCH214_PIN)" $(BUILD_TOOLS); \
+	test -f requirements/torch-$(TORCH).txt || { echo "make test-torch: no requirements/torch-$(TORCH).txt; TORCH is one of $(patsubst requirements/torch-%.txt,%,$(wildcard requirements/torch-*.txt))"; exit 2; }; \
+	test -x $(TIER_VENV)/bin/python || $(BOOTSTRAP_PYTHON) -m venv $(TIER_VENV); \
+	echo "[test-torch] $(TIER_VENV): torch $(TORCH), $(SUITE) suite"; \
+	$(TIER_VENV)/bin/python -m pip install --quiet -r requirements/torch-$(TORCH).txt $(BUILD_TOOLS); \
 	torch_done=$$(date +%s); \
-	echo "[test-torch214] $(SRC214): a copy of the tree, installed editable (_C built against torch 2.14)"; \
-	rm -rf $(SRC214) && mkdir -p $(SRC214); \
-	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | tar -cf - -T - | tar -xf - -C $(SRC214); \
-	cd $(SRC214) && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
-	echo "[test-torch214] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
-	cd $(SRC214) && ../bin/python -m pytest -q $(TESTS214)
+	echo "[test-torch] $(TIER_VENV)/src: a copy of the tree, installed editable (_C built against torch $(TORCH))"; \
+	rm -rf $(TIER_VENV)/src && mkdir -p $(TIER_VENV)/src; \
+	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | tar -cf - -T - | tar -xf - -C $(TIER_VENV)/src; \
+	cd $(TIER_VENV)/src && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
+	echo "[test-torch] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
+	cd $(TIER_VENV)/src && ../bin/python -m pytest -q $(if $(filter full,$(SUITE)),$(FULL_TESTS),$(CORE_TESTS))
 
-# Lint first so that a pytest summary is the last thing printed; the ExecuTorch
-# tier runs after the main tests, the torch 2.14 tier last.
-test: install lint test-fallback test-main test-sanitizers test-executorch test-torch214
+# Lint first so that a pytest summary is the last thing printed; then the tiers on
+# torch 2.13.0 (.venv), the full suite on the current release, the core tests on 2.14.1.
+test: install lint test-fallback test-main test-sanitizers test-executorch
+	$(MAKE) test-torch TORCH=2.15.0 SUITE=full
+	$(MAKE) test-torch TORCH=2.14.1 SUITE=core
 
 clean:
 	rm -rf build $(SAN_DIR) *.egg-info torch_cachepolicy/_C*.so bench-results $(INSTALLED) $(BENCH_INSTALLED)
 
 clean-venvs:
-	rm -rf $(VENV) $(VENV214)
+	rm -rf $(VENV) .venv-torch-*

@@ -19,10 +19,10 @@ from setuptools import find_packages, setup
 
 USE_CPP = os.environ.get("USE_CPP", "1") not in ("0", "false", "False", "")
 
-# One source for the version; read without importing the package, which needs torch.
-VERSION = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_cachepolicy", "version.py"))[
-    "__version__"
-]
+# One source for the version and the torch requirement; read without importing the package, which needs torch.
+_VERSION_PY = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_cachepolicy", "version.py"))
+VERSION = _VERSION_PY["__version__"]
+TORCH_REQUIREMENT = "torch" + _VERSION_PY["TORCH_REQUIREMENT"]
 
 ext_modules = []
 cmdclass = {}
@@ -33,6 +33,8 @@ if USE_CPP:
         CppExtension(
             "torch_cachepolicy._C",
             sorted(glob.glob("csrc/*.cpp")),
+            # The headers too, so that a change to one rebuilds the extension (MANIFEST.in ships them in the sdist).
+            depends=sorted(glob.glob("csrc/*.h")),
             extra_compile_args={"cxx": ["-O2"]},
         )
     )
@@ -46,9 +48,9 @@ setup(
     packages=find_packages(include=["torch_cachepolicy", "torch_cachepolicy.*"]),
     package_data={"torch_cachepolicy": ["py.typed"]},
     python_requires=">=3.10",
-    # The torch releases the package is tested on (CI: 2.13.0, and 2.14.1 for the core tiers).
-    # typing-extensions: `override` marks each method that overrides a torch internal.
-    install_requires=["torch>=2.13,<2.15", "typing-extensions>=4.4"],
+    # The oldest supported torch and no upper cap (version.py); a newer torch installs and the package decides at
+    # import what it can do there. typing-extensions: `override` marks each method that overrides a torch internal.
+    install_requires=[TORCH_REQUIREMENT, "typing-extensions>=4.4"],
     extras_require={
         # What the tests import (expecttest through torch.testing._internal.common_utils).
         "test": ["expecttest", "pytest", "numpy"],

@@ -11,10 +11,15 @@
 // the very same tuple (the same objects where torch puts an object: dtype,
 // device, layout, memory format, types, the argument values; equal ints and
 // strings elsewhere) from the TensorImpl, for the common case only: exact
-// FakeTensors of this mode, strided, not quantized, no constant; list, tuple
-// and dict containers (or list/tuple subclasses iterating like their base);
-// scalars of the exact types in `plain_types`. Anything else returns a short
-// string, the reason, and the caller falls back to torch's _cache_key. The
+// FakeTensors of this mode, strided, not quantized, no constant, no
+// dispatch_keys of their own (torch 2.15 describes a fake mkldnn tensor by
+// them, and bypasses it); list, tuple and dict containers (or list/tuple
+// subclasses iterating like their base); scalars of the exact types in
+// `plain_types` (for those in `torch_keyed_types`, whose keys torch
+// transforms, the value `torch_key_of(value)` gives: torch 2.15 keys an
+// index-less device by its resolved index, and torch's own code says which).
+// Anything else returns a short string, the reason, and the caller falls
+// back to torch's _cache_key. The
 // caller supplies the key's prefix (op, default dtype, ...). The memory format
 // is torch._prims_common.suggest_memory_format's (not c10's, which differs for
 // some degenerate strides), kept only if the tensor is contiguous in it.
@@ -157,6 +162,8 @@ class KeyBuilder {
       : fake_type_(ref(refs, "fake_type")),
         size_type_(ref(refs, "size_type")),
         plain_types_(ref(refs, "plain_types")),
+        torch_keyed_types_(ref(refs, "torch_keyed_types")),
+        torch_key_of_(ref(refs, "torch_key_of")),
         sym_types_(ref(refs, "sym_types")),
         strided_(ref(refs, "strided")),
         contiguous_format_(ref(refs, "contiguous_format")),
@@ -168,6 +175,7 @@ class KeyBuilder {
         suggest_memory_format_(ref(refs, "suggest_memory_format")),
         fake_mode_name_(py::str("fake_mode")),
         constant_name_(py::str("constant")),
+        dispatch_keys_name_(py::str("dispatch_keys")),
         fake_device_name_(py::str("_fake_device")),
         in_kernel_name_(py::str("in_kernel_invocation")),
         node_name_(py::str("node")),
@@ -180,8 +188,8 @@ class KeyBuilder {
         PyType_Check(fake_type_.ptr()) && PyType_Check(size_type_.ptr()),
         "torch_cachepolicy._C.KeyBuilder: fake_type and size_type must be types");
     TORCH_CHECK(
-        PyFrozenSet_Check(plain_types_.ptr()),
-        "torch_cachepolicy._C.KeyBuilder: plain_types must be a frozenset of types");
+        PyFrozenSet_Check(plain_types_.ptr()) && PyFrozenSet_Check(torch_keyed_types_.ptr()),
+        "torch_cachepolicy._C.KeyBuilder: plain_types and torch_keyed_types must be frozensets of types");
     TORCH_CHECK(
         PyTuple_Check(sym_types_.ptr()),
         "torch_cachepolicy._C.KeyBuilder: sym_types must be a tuple of types");
@@ -442,6 +450,17 @@ class KeyBuilder {
     if (PySet_Contains(plain_types_.ptr(), reinterpret_cast<PyObject*>(tp)) ==
         1) {
       out.borrow(reinterpret_cast<PyObject*>(tp));
+      if (PySet_Contains(torch_keyed_types_.ptr(), reinterpret_cast<PyObject*>(tp)) == 1) {
+        PyObject* keyed = PyObject_CallOneArg(torch_key_of_.ptr(), a);
+        if (keyed == nullptr) {
+          return "error";
+        }
+        if (keyed == Py_None) {
+          Py_DECREF(keyed);
+          return "argument torch keys otherwise";
+        }
+        return out.steal(keyed) ? nullptr : "error";
+      }
       out.borrow(a);
       return nullptr;
     }
@@ -472,6 +491,16 @@ class KeyBuilder {
     Py_DECREF(constant);
     if (constant != Py_None) {
       return "fake tensor with a constant";
+    }
+    // FakeTensor's Python properties (layout, is_mkldnn) follow its own
+    // dispatch keys where it has them; torch's key reads those properties.
+    PyObject* own_keys = PyObject_GetAttr(a, dispatch_keys_name_.ptr());
+    if (own_keys == nullptr) {
+      return "error";
+    }
+    Py_DECREF(own_keys); // identity only
+    if (own_keys != Py_None) {
+      return "fake tensor with its own dispatch keys";
     }
     const at::Tensor& t = THPVariable_Unpack(a);
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -613,6 +642,8 @@ class KeyBuilder {
   py::object fake_type_;
   py::object size_type_;
   py::object plain_types_;
+  py::object torch_keyed_types_;
+  py::object torch_key_of_;
   py::object sym_types_;
   py::object strided_;
   py::object contiguous_format_;
@@ -624,6 +655,7 @@ class KeyBuilder {
   py::object suggest_memory_format_;
   py::str fake_mode_name_;
   py::str constant_name_;
+  py::str dispatch_keys_name_;
   py::str fake_device_name_;
   py::str in_kernel_name_;
   py::str node_name_;
@@ -643,7 +675,8 @@ void init_keybuilder(py::module& m) {
       "KeyBuilder",
       "Builds FakeTensorMode._cache_key's key for the common case; see\n"
       "torch_cachepolicy._key. refs names the types and objects it compares\n"
-      "with (fake_type, size_type, plain_types, sym_types, strided,\n"
+      "with (fake_type, size_type, plain_types, torch_keyed_types, torch_key_of,\n"
+      "sym_types, strided,\n"
       "contiguous_format, channels_last, channels_last_3d, symint_type,\n"
       "stub_type, backref_type, suggest_memory_format).")
       .def(py::init<const py::dict&>(), py::arg("refs"))

@@ -27,6 +27,7 @@ from torch._ops import OpOverload
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 
 import torch_cachepolicy as tcp
+from torch_cachepolicy import _compat
 
 KernelT = TypeVar("KernelT", bound=Callable[..., Any])
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -181,6 +182,22 @@ torch.library.register_fake(f"{NS}::swappable.ovl", lambda x, n: swappable_v1(x)
 # ------------------------------------------------------------------ helpers
 
 _unique = itertools.count(101)
+
+
+def synthesis_call(args: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any]:
+    """``(state, entry, key, func, call_args)`` of ``_output_from_cache_entry``'s arguments on any torch.
+
+    torch 2.13 and 2.14 pass ``(state, entry, key, func, args)``, 2.15 ``(state, entry, key, args)``; a ``self``
+    before them (a function patched on the class) is dropped. The op is the key's first item either way.
+    """
+    width = 5 if _compat.SYNTHESIS_TAKES_FUNC else 4
+    state, entry, key = args[-width : -width + 3]
+    return state, entry, key, key.key[0], args[-1]
+
+
+def synthesis_args(func: Any, call_args: Any) -> tuple[Any, ...]:
+    """What follows ``(state, entry, key)`` in a call of ``_output_from_cache_entry`` on the installed torch."""
+    return (func, call_args) if _compat.SYNTHESIS_TAKES_FUNC else (call_args,)
 
 
 def fresh_size() -> int:

@@ -504,14 +504,17 @@ class TestAdoptedPrograms(TestCase):
         """Default store: the first replay's aten ops hit what export left in torch's storage; isolated: they miss."""
         ep = export_mlp(features=testing.fresh_size())
         mode = adopt(ep, cache_policy=backend_policy(), cache_store=tcp.CacheStore(isolated=isolated))
+        stock_entries = len(StockMode.cache)
         Replay.under(ep.graph_module, mode)
         first = mode.cache_report().by_namespace()
         Replay.under(ep.graph_module, mode)
         second = mode.cache_report().by_namespace()
         aten_hits, aten_misses, _ = first["aten"]
         if isolated:
-            self.assertEqual(aten_hits, 0, msg=str(mode.cache_report()))
+            # Every entry is the store's own, so the first replay misses; its hits are calls the replay repeats
+            # (more on torch 2.15, whose decompositions repeat more), and torch's storage is not written.
             self.assertGreater(aten_misses, 0)
+            self.assertEqual(len(StockMode.cache), stock_entries, msg=str(mode.cache_report()))
         else:
             self.assertGreater(aten_hits, 0)
             self.assertEqual(aten_misses, 0, msg=str(mode.cache_report()))

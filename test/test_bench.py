@@ -112,7 +112,8 @@ class TestBenchReplays(TestCase):
     def test_stock_never_caches_backend_ops(self) -> None:
         """Stock bypasses every backend dispatch, so the comparison is against uncached work."""
         series, _ = run_series(make_configurations(BACKEND_NAMESPACES)[0], build_workload("dialect"), K)
-        self.assertEqual(series.counts.misses, 0)
+        # Its hits and misses are aten's, which depend on what torch's class-wide cache already held (earlier tests,
+        # and the release: torch 2.15 caches _unsafe_view); every backend dispatch bypasses.
         self.assertEqual(series.counts.bypass_reasons, {"non-builtin": K * build_workload("dialect").backend_nodes()})
 
     def test_mismatch_is_detected(self) -> None:

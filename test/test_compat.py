@@ -90,7 +90,7 @@ class _IdentityKey:
         pass
 
 
-# name -> (what to change in the stand-in fake_tensor module, expected error or None)
+# name -> (what to change in the stand-in fake_tensor module, the drift it is reported as, or None)
 DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
     "method_removed": (
         lambda: {"FakeTensorMode": plain_copy(ft.FakeTensorMode, _cache_key=None)},
@@ -113,8 +113,8 @@ DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
                 ft.FakeTensorMode, _output_from_cache_entry=lambda self, entry, state, key, func, args: None
             )
         },
-        "FakeTensorMode._output_from_cache_entry takes (self, entry, state, key, func, args), "
-        "expected (self, state, entry, key, func, args, ...)",
+        "FakeTensorMode._output_from_cache_entry takes (self, entry, state, key, func, args), expected exactly "
+        "(self, state, entry, key, func, args) or (self, state, entry, key, args) (the package overrides it)",
     ),
     "called_gains_optional_param": (
         lambda: {
@@ -175,114 +175,150 @@ def drifted(changes: dict[str, object]) -> Iterator[None]:
 
 
 class TestCompat(TestCase):
-    def check(self, version: str) -> list[str]:
-        """Runs the check for ``version``; returns the warnings it gave."""
+    def check(self, version: str, drift: tuple[_compat.Drift, ...] = ()) -> list[str]:
+        """Runs the import-time judgement for ``version`` (and ``drift``); returns the warnings it gave."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _compat.check_torch_internals(version)
-        return [str(w.message) for w in caught if issubclass(w.category, _compat.UntestedTorchWarning)]
+            _compat.check_torch_internals(version, drift)
+        return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
 
-    # ----------------------------------------------------------- the range
+    # ----------------------------------------------------------- releases
 
     def test_installed_torch_passes_silently(self) -> None:
-        """The installed torch is in the range, its internals check out, and nothing warns."""
+        """The installed torch is a tested release, its internals check out, and nothing warns."""
+        self.assertEqual(_compat.DRIFT, ())
         self.assertEqual(self.check(str(torch.__version__)), [])
-        self.assertIn(_compat.torch_minor(str(torch.__version__)), [(2, 13), (2, 14)])
+        self.assertIn(_compat.torch_minor(str(torch.__version__)), [(2, 13), (2, 14), (2, 15)])
 
-    def test_range_matches_setup(self) -> None:
-        """setup.py requires exactly SUPPORTED_TORCH, and the tested versions lie inside it."""
-        self.assertEqual(_compat.SUPPORTED_TORCH, ">=2.13,<2.15")
-        metadata = (ROOT / "setup.py").read_text() + (ROOT / "pyproject.toml").read_text()
-        self.assertIn(f'"torch{_compat.SUPPORTED_TORCH}"', metadata)
-        for version in _compat.TESTED_TORCH:
-            self.assertEqual(self.check(version), [], msg=version)
+    def test_requirement_is_version_py_s(self) -> None:
+        """setup.py reads version.py's torch requirement, pyproject.toml's build requirement equals it, no upper cap."""
+        from torch_cachepolicy import version
 
-    @parametrize(
-        "version",
-        ["2.13.0", "2.13.1+cpu", "2.14.1+cu130", "2.14.0a0+git1234567"],
-    )
-    def test_in_range_does_not_warn(self, version: str) -> None:
-        """Every 2.13.x and 2.14.x, local and pre-release builds included, imports silently."""
+        self.assertEqual(version.TORCH_REQUIREMENT, ">=2.13")
+        self.assertEqual(_compat.SUPPORTED_TORCH, version.TORCH_REQUIREMENT)
+        self.assertIn('TORCH_REQUIREMENT = "torch" + _VERSION_PY["TORCH_REQUIREMENT"]', (ROOT / "setup.py").read_text())
+        self.assertIn(f'"torch{version.TORCH_REQUIREMENT}"', (ROOT / "pyproject.toml").read_text())
+        self.assertEqual(version.TESTED_TORCH, ("2.13.0", "2.14.1", "2.15.0"))
+        for release in version.TESTED_TORCH:
+            self.assertEqual(self.check(release), [], msg=release)
+
+    @parametrize("version", ["2.13.0", "2.13.1+cpu", "2.14.1+cu130", "2.14.0a0+git1234567", "2.15.0+cu132", "2.15.1"])
+    def test_tested_minors_do_not_warn(self, version: str) -> None:
+        """Every release of a tested major.minor, local and pre-release builds included, imports silently."""
         self.assertEqual(self.check(version), [])
 
-    @parametrize("version", ["2.12.1", "2.15.0", "2.15.0.dev20270101+cpu", "3.0.0", "unknown"])
-    def test_out_of_range_warns(self, version: str) -> None:
-        """A torch outside the range whose internals check out imports with one UntestedTorchWarning."""
+    @parametrize("version", ["2.12.1", "2.16.0", "2.16.0.dev20270101+cpu", "3.0.0", "unknown"])
+    def test_untested_warns(self, version: str) -> None:
+        """A torch of no tested major.minor whose internals check out imports with one UntestedTorchWarning."""
         (message,) = self.check(version)
-        self.assertIn(f"torch {version} is outside the tested range torch>=2.13,<2.15", message)
+        self.assertIn(f"torch {version} is none of the releases the package is tested on", message)
 
     def test_warning_text(self) -> None:
-        """The warning names the range, the tested versions and what to do."""
+        """The warning names the version, the tested releases and what to do."""
         self.assertExpectedInline(
-            self.check("2.15.0")[0],
-            """torch_cachepolicy: torch 2.15.0 is outside the tested range torch>=2.13,<2.15 (tested on 2.13.0 and 2.14.1). The private internals the package uses check out, but their behaviour is untested on this version; run the package's tests before relying on it.""",  # noqa: B950
+            self.check("2.16.0")[0],
+            """torch_cachepolicy: torch 2.16.0 is none of the releases the package is tested on (2.13.0, 2.14.1, 2.15.0). The private internals it uses were checked at import, but their behaviour is untested on this version; run the package's tests before relying on it.""",  # noqa: B950
         )
 
     # ----------------------------------------------------------- drift
 
     @parametrize("drift", list(DRIFTS))
     def test_drift(self, drift: str) -> None:
-        """A changed internal raises ImportError naming it and the range; a compatible change passes."""
+        """A changed internal is found and named; a compatible change is not."""
         changes, expected = DRIFTS[drift]
         with drifted(changes()):
-            if expected is None:
-                self.assertEqual(self.check("2.14.1"), [])
-                return
-            with self.assertRaises(ImportError) as ctx:
-                self.check("2.15.0")
-        message = str(ctx.exception)
-        self.assertIn(f"changed a private internal this package builds on: {STANDIN}.{expected}. ", message)
-        self.assertTrue(message.endswith('supports torch>=2.13,<2.15 (tested on 2.13.0 and 2.14.1); install '
-                                         'one of those, e.g. pip install "torch>=2.13,<2.15"'), msg=message)
+            found = _compat.find_drift()
+        if expected is None:
+            self.assertEqual(found, ())
+            return
+        self.assertEqual([str(d) for d in found], [f"{STANDIN}.{expected}"])
+        self.assertEqual(found[0].feature, _compat.Feature.CACHE)
 
-    def test_drift_is_an_error_even_in_range(self) -> None:
-        """Drift is judged before the version: an in-range torch with a changed internal still fails."""
-        with drifted(DRIFTS["method_removed"][0]()), self.assertRaisesRegex(ImportError, "_cache_key"):
-            self.check("2.14.1")
+    def test_drift_warns_and_names_what_is_off(self) -> None:
+        """A changed internal of the cache warns once, naming it and everything switched off; no ImportError."""
+        with drifted(DRIFTS["called_gains_required_param"][0]()):
+            drift = _compat.find_drift()
+        (message,) = self.check("2.15.0", drift)
+        self.assertExpectedInline(
+            message,
+            """torch_cachepolicy: torch 2.15.0 changed private internals this package builds on (_tcp_compat_test_fake_tensor.FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), expected (self, state, key, func, args, kwargs, output, ...)). Switched off: the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, backend ops uncached); caching of backend and higher-order operators (they bypass; aten ops stay cached); the C++ key builder (torch's _cache_key builds every key); building hits without dispatch (torch's _output_from_cache_entry builds every hit); entering the cache directly (stock's FakeTensorMode.dispatch runs first). Everything else works as stock FakeTensorMode does. torch_cachepolicy is tested on torch 2.13.0, 2.14.1, 2.15.0; please report this with your torch version (pip install "torch==2.15.0" gives a tested release)""",  # noqa: B950
+        )
+
+    def test_features_rest_on_the_cache(self) -> None:
+        """Switching the cache off switches its parts off; a part alone leaves the others on."""
+        cache = _compat.Drift("x", "changed", _compat.Feature.CACHE)
+        self.assertEqual(
+            set(_compat.switched_off((cache,))),
+            {_compat.Feature.CACHE, _compat.Feature.BACKEND, _compat.Feature.KEY_BUILDER, _compat.Feature.HIT_BUILDER,
+             _compat.Feature.DIRECT},
+        )
+        backend = _compat.Drift("y", "changed", _compat.Feature.BACKEND)
+        self.assertEqual(set(_compat.switched_off((backend,))), {_compat.Feature.BACKEND})
+
+    def test_rules_drift_is_an_import_error(self) -> None:
+        """A change to what the subclass needs to be a FakeTensorMode at all raises ImportError naming it."""
+        drift = (_compat.Drift("torch._ops.OperatorBase", "has no python_key_table", _compat.Feature.RULES),)
+        with self.assertRaisesRegex(ImportError, r"changed a private internal this package builds on: "
+                                    r"torch\._ops\.OperatorBase has no python_key_table\. Without it"):
+            self.check("2.15.0", drift)
+
+    def test_every_internal_belongs_to_a_feature(self) -> None:
+        """Each internal names the feature it switches off; RULES only for what rule lookups and op types need."""
+        by_feature: dict[_compat.Feature, list[str]] = {}
+        for internal in _compat._INTERNALS:
+            by_feature.setdefault(internal.feature, []).append(internal.name)
+        self.assertEqual(set(by_feature), set(_compat.Feature))
+        self.assertExpectedInline(
+            "\n".join(sorted(by_feature[_compat.Feature.RULES])),
+            """\
+torch._C.DispatchKey
+torch._C._dispatch_has_kernel_for_dispatch_key
+torch._C._dispatch_tls_is_dispatch_key_included
+torch._higher_order_ops.utils.redirect_to_mode
+torch._higher_order_ops.utils.registered_hop_fake_fns
+torch._library.custom_ops.CustomOpDef
+torch._library.simple_registry.GenericTorchDispatchRuleHolder.find
+torch._library.simple_registry.GenericTorchDispatchRuleHolder.register
+torch._library.simple_registry.SimpleLibraryRegistry.find
+torch._library.simple_registry.SimpleLibraryRegistry.get
+torch._library.simple_registry.SimpleOperatorEntry.__init__
+torch._library.simple_registry.find_torch_dispatch_rule
+torch._library.simple_registry.singleton
+torch._ops.HigherOrderOperator
+torch._ops.OpOverload
+torch._ops.OperatorBase
+torch._ops.OperatorBase.__init__
+torch._ops._OpNamespace
+torch._subclasses.fake_tensor.FakeTensorMode.dispatch""",
+        )
 
     def test_stand_in_without_drift_passes(self) -> None:
-        """Control for test_drift: the stand-in module with no change passes the check."""
+        """Control for test_drift: the stand-in module with no change has no drift."""
         with drifted({}):
-            self.assertEqual(self.check("2.14.1"), [])
+            self.assertEqual(_compat.find_drift(), ())
 
     def test_import_in_subprocess(self) -> None:
-        """`import torch_cachepolicy` raises on a drifted torch, and warns (once) on an out-of-range one."""
+        """`import torch_cachepolicy` on a drifted torch works and warns once, attributed to the importing line."""
         code = textwrap.dedent(
             """
             import json, warnings
             import torch
             import torch._subclasses.fake_tensor as ft
 
-            out = {}
-            saved = ft.FakeTensorMode._cache_key
             ft.FakeTensorMode._cache_key = lambda self, state, func, args: None
-            try:
-                import torch_cachepolicy
-            except ImportError as e:
-                out["drifted"] = str(e)
-            ft.FakeTensorMode._cache_key = saved
-            torch.__version__ = "2.15.0"
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 import torch_cachepolicy
-            out["warnings"] = [(w.category.__name__, w.filename) for w in caught]
+            out = {"warnings": [(w.category.__name__, w.filename, str(w.message)) for w in caught]}
             out["imported"] = hasattr(torch_cachepolicy, "FakeTensorMode")
             print("RESULT " + json.dumps(out))
             """
         )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-        proc = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        self.assertEqual(len(lines), 1, msg=proc.stdout + proc.stderr)
-        result = json.loads(lines[0][len("RESULT ") :])
-        self.assertIn(
-            "FakeTensorMode._cache_key takes (self, state, func, args), expected (self, state, func, args, kwargs, ...)",
-            result["drifted"],
-        )
-        # Attributed to the line that imports the package (here: the -c code).
-        self.assertEqual(result["warnings"], [["UntestedTorchWarning", "<string>"]])
+        result = run_python(code)
+        ((category, filename, message),) = result["warnings"]
+        self.assertEqual((category, filename), ("TorchDriftWarning", "<string>"))
+        self.assertIn("FakeTensorMode._cache_key takes (self, state, func, args), expected "
+                      "(self, state, func, args, kwargs, ...)", message)
         self.assertTrue(result["imported"])
 
     # ---------------------------------------------------- coverage of the list
@@ -326,7 +362,7 @@ class TestCompat(TestCase):
             self.assertNotEqual(by_file[name], set(), msg=name)
 
     def test_compat_is_a_leaf(self) -> None:
-        """_compat imports nothing of the package (every other module may import it), not even lazily."""
+        """_compat imports nothing of the package but the import-free version.py, not even lazily."""
         tree = ast.parse((PACKAGE / "_compat.py").read_text())
         imports = []
         for node in ast.walk(tree):
@@ -339,7 +375,10 @@ class TestCompat(TestCase):
                 if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                     imports.append(node.args[0].value)
         self.assertIn("torch", imports)  # the walk sees _compat's imports
-        self.assertEqual([m for m in imports if m.startswith(".") or m.partition(".")[0] == "torch_cachepolicy"], [])
+        package = [m for m in imports if m.startswith(".") or m.partition(".")[0] == "torch_cachepolicy"]
+        self.assertEqual(package, ["torch_cachepolicy.version"])
+        version = ast.parse((PACKAGE / "version.py").read_text())
+        self.assertEqual([n for n in ast.walk(version) if isinstance(n, (ast.Import, ast.ImportFrom))], [])
 
     def test_kernel_sources_are_not_checked_here(self) -> None:
         """check_torch_internals ignores kernel sources: an unlisted one neither warns nor changes trusted()."""
@@ -349,17 +388,17 @@ class TestCompat(TestCase):
         self.assertTrue(_kernels.trusted())
         with mock.patch.object(_kernels, "SOURCES", others), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _compat.check_torch_internals("2.14.1")
+            _compat.check_torch_internals("2.14.1", ())
         self.assertEqual([str(w.message) for w in caught], [])
         self.assertTrue(_kernels.trusted())
 
     # -------------------------------------------------------- is_fake_tensor
 
     def test_is_fake_tensor_is_torchs_when_present(self) -> None:
-        """torch 2.14's fake_tensor.is_fake_tensor is used as is; 2.13 gets the isinstance check."""
+        """torch 2.14's and 2.15's fake_tensor.is_fake_tensor is used as is; 2.13 gets the isinstance check."""
         expected = getattr(ft, "is_fake_tensor", _fakes._is_python_fake_tensor)
         self.assertIs(_fakes.is_fake_tensor, expected)
-        self.assertEqual(hasattr(ft, "is_fake_tensor"), _compat.torch_minor(str(torch.__version__)) == (2, 14))
+        self.assertEqual(hasattr(ft, "is_fake_tensor"), _compat.torch_minor(str(torch.__version__)) >= (2, 14))
 
     def test_is_fake_tensor(self) -> None:
         """True for fake tensors of any mode, the policy mode's included; False for everything else."""
@@ -374,6 +413,122 @@ class TestCompat(TestCase):
         others: list[object] = [torch.empty(2), torch.empty(2, device="meta"), torch.nn.Parameter(torch.empty(1)), 1]
         for value in [*others, None]:
             self.assertFalse(_fakes.is_fake_tensor(value), msg=repr(value))
+
+
+# Each drift keeps torch itself working (a renamed parameter torch passes positionally, a list made a tuple) and is
+# applied in a fresh interpreter before the package is imported; the run compares a policy mode with stock's.
+DEGRADE_SCENARIOS = {
+    "cache": "ft.FakeTensorMode._make_cache_entry = rename_param(ft.FakeTensorMode._make_cache_entry, 'func', 'op')",
+    "backend": "fake_impls.op_implementations_checks = tuple(fake_impls.op_implementations_checks)",
+    "rules": "GenericTorchDispatchRuleHolder.find = rename_param(GenericTorchDispatchRuleHolder.find, "
+    "'torch_dispatch_class', 'cls')",
+}
+
+DEGRADE_RUN = """
+import functools, inspect, json, warnings
+import torch
+import torch.ao.quantization.fx._decomposed
+import torch._subclasses.fake_tensor as ft
+import torch._subclasses.fake_impls as fake_impls
+from torch._library.simple_registry import GenericTorchDispatchRuleHolder
+
+def rename_param(fn, old, new):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    sig = inspect.signature(fn)
+    wrapper.__signature__ = sig.replace(
+        parameters=[p.replace(name=new) if p.name == old else p for p in sig.parameters.values()]
+    )
+    return wrapper
+
+SCENARIO
+out = {}
+try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch_cachepolicy as tcp
+except ImportError as e:
+    print("RESULT " + json.dumps({"import_error": str(e)}))
+    raise SystemExit(0)
+out["warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
+
+def run(mode):
+    with mode:
+        x = torch.empty(4, 8)
+        outs = []
+        for _ in range(3):
+            outs.append(torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.1, 0, -128, 127, torch.int8))
+            outs.append(x.view(-1).add(1))
+    return [(str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset(), t._is_view()) for t in outs]
+
+ft.FakeTensorMode.cache_clear()
+stock = run(ft.FakeTensorMode(allow_non_fake_inputs=True))
+stock_hits = ft.FakeTensorMode.cache_info().hits
+ft.FakeTensorMode.cache_clear()
+mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"]), allow_non_fake_inputs=True)
+out["same_outputs"] = run(mode) == stock
+out["torch_class_hits"] = (stock_hits, ft.FakeTensorMode.cache_info().hits)
+out["report"] = {r.op: [r.hits, r.misses, r.bypasses] for r in mode.cache_report().ops}
+print("RESULT " + json.dumps(out))
+"""
+
+
+class TestDegrade(TestCase):
+    """On a torch whose internals drifted, the package imports, says what it switched off, and equals stock."""
+
+    def degrade(self, scenario: str) -> Any:
+        return run_python(DEGRADE_RUN.replace("SCENARIO", DEGRADE_SCENARIOS[scenario]))
+
+    def test_cache_drift_dispatches_as_stock(self) -> None:
+        """A changed internal of the cache: one warning naming it; the mode caches as stock (torch's counters)."""
+        result = self.degrade("cache")
+        ((category, message),) = result["warnings"]
+        self.assertEqual(category, "TorchDriftWarning")
+        self.assertIn("FakeTensorMode._make_cache_entry takes (self, state, key, op, args, kwargs, output)", message)
+        self.assertIn("Switched off: the policy cache", message)
+        self.assertTrue(result["same_outputs"])
+        # Stock caches view+add (4 aten ops over 3 rounds: 2 hits each after the first); the policy mode the same,
+        # in torch's storage and counters; its own report is empty, backend ops uncached as under stock.
+        stock_hits, policy_hits = result["torch_class_hits"]
+        self.assertGreater(stock_hits, 0)
+        self.assertEqual(policy_hits, stock_hits)
+        self.assertEqual(result["report"], {})
+
+    def test_backend_drift_bypasses_backend_ops(self) -> None:
+        """A changed internal backend entries rest on: backend ops bypass naming it, aten stays cached."""
+        result = self.degrade("backend")
+        ((category, message),) = result["warnings"]
+        self.assertEqual(category, "TorchDriftWarning")
+        self.assertIn("torch._subclasses.fake_impls.op_implementations_checks is a tuple", message)
+        self.assertIn("Switched off: caching of backend and higher-order operators", message)
+        self.assertTrue(result["same_outputs"])
+        hits, misses, bypasses = result["report"]["quantized_decomposed::quantize_per_tensor.default"]
+        self.assertEqual((hits, misses), (0, 0))
+        ((reason, count),) = bypasses.items()
+        self.assertEqual(count, 3)
+        self.assertRegex(reason, r"^torch \S+ changed torch\._subclasses\.fake_impls\.op_implementations_checks is a tuple$")
+        self.assertEqual(result["report"]["aten::add.Tensor"][:2], [2, 1])
+        self.assertEqual(result["torch_class_hits"][1], 0)  # the policy mode's own counters, not torch's
+
+    def test_rules_drift_is_an_import_error(self) -> None:
+        """A changed internal the subclass needs to apply stock's rules: ImportError naming it."""
+        result = self.degrade("rules")
+        self.assertIn(
+            "changed a private internal this package builds on: "
+            "torch._library.simple_registry.GenericTorchDispatchRuleHolder.find takes (self, cls)",
+            result["import_error"],
+        )
+
+
+def run_python(code: str) -> Any:
+    """Runs ``code`` in a fresh interpreter with the repository importable; returns what it printed after RESULT."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if len(lines) != 1:
+        raise AssertionError(proc.stdout + proc.stderr)
+    return json.loads(lines[0][len("RESULT ") :])
 
 
 def private_torch_references() -> dict[str, set[str]]:

@@ -272,10 +272,15 @@ class TestCachingDuringAndAfterExport(TestCase):
         assert isinstance(mode, tcp.FakeTensorMode)
         before = mode.cache_report()[rescale]
         decomposed = ep.run_decompositions()
-        after = mode.cache_report()[rescale]
+        first = mode.cache_report()[rescale]
         self.assertIs(program_mode(decomposed), mode)
-        self.assertGreater(after.hits, before.hits)
-        self.assertEqual(after.misses, before.misses, msg=str(mode.cache_report()))
+        self.assertGreater(first.hits, before.hits)
+        # Whether the first pass misses depends on the release (torch 2.15's run_decompositions teaches the ShapeEnv
+        # a fact about the dynamic size, which files later entries elsewhere); a second pass only hits on any.
+        ep.run_decompositions()
+        second = mode.cache_report()[rescale]
+        self.assertGreater(second.hits, first.hits)
+        self.assertEqual(second.misses, first.misses, msg=str(mode.cache_report()))
 
     @parametrize("dynamic", [False, True])
     def test_export_pass_retrace_hits(self, dynamic: bool) -> None:

@@ -33,8 +33,10 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _driver, _key, _rules, _verify
+from torch_cachepolicy import _driver, _key, _routes, _verify
 from torch_cachepolicy.report import KeyStats
+
+aten = torch.ops.aten
 
 conv, pair, dyn, size0 = testing.op("conv"), testing.op("pair"), testing.op("dyn"), testing.op("size0")
 q_per_tensor = torch.ops.quantized_decomposed.quantize_per_tensor.default
@@ -1207,7 +1209,7 @@ class TestDirectEntry(CachePolicyTestCase):
 
     def test_changed_stock_dispatch_keeps_stock_path(self) -> None:
         """A torch whose dispatch does something else (other names) gets every call."""
-        with mock.patch.object(_rules, "STOCK_DISPATCH_KNOWN", False):
+        with mock.patch.object(_routes, "STOCK_DISPATCH_KNOWN", False):
             self.assertEqual(self.calls_through_stock_dispatch(4), 4)
 
     def test_debug_logging_keeps_stock_path(self) -> None:
@@ -1402,7 +1404,43 @@ class TestDropIn(TestCase):
             self.assertEqual(self.counts(kind, mode)[2].get("non-builtin"), 1)
 
 
+class TestKeyedAsTorch(CachePolicyTestCase):
+    """Arguments whose keys torch itself decides (by release) are keyed and bypassed exactly as torch does."""
+
+    @parametrize("op", [aten.detach.default, aten.alias.default])
+    def test_mkldnn_arguments_as_stock(self, op: OpOverload) -> None:
+        """A fake of an mkldnn tensor bypasses where stock bypasses it (torch 2.15: "mkldnn tensor"), equal outputs."""
+        real = torch.randn(2, 3).to_mkldnn()
+        StockMode.cache_clear()
+        stock = StockMode()
+        with stock:
+            expected = [op(stock.from_tensor(real)) for _ in range(2)]
+        stock_bypasses = StockMode.cache_info().bypasses
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+        x = mode.from_tensor(real)
+        with mode:
+            outs = [op(x) for _ in range(2)]
+        self.assertEqual(mode.cache_report()[op].bypasses, dict(stock_bypasses))
+        for out, exp in zip(outs, expected, strict=True):
+            self.assertEqual((out.layout, out.shape, out.dtype), (exp.layout, exp.shape, exp.dtype))
+
+    @parametrize("device", ["cuda", "cuda:1", "cpu", "meta"])
+    def test_device_arguments_keyed_as_torch(self, device: str) -> None:
+        """A device argument is keyed as torch's _cache_key keys it (torch 2.15: an index-less one by its index)."""
+        mode = tcp.FakeTensorMode()
+        kwargs = {"dtype": torch.float32, "device": torch.device(device)}
+        state, expected_state = _CacheKeyState(None), _CacheKeyState(None)
+        key = _key.cache_key(mode, state, aten.empty.memory_format, ([2, 3],), kwargs, mode._cache.key_stats)
+        expected = mode._cache_key(expected_state, aten.empty.memory_format, ([2, 3],), kwargs)
+        self.assertEqual(key, expected)
+        self.assertEqual([type(v) for v in key.key], [type(v) for v in expected.key])
+        self.assertEqual([str(v) for v in key.key], [str(v) for v in expected.key])
+        # Built natively where the extension is loaded, on every release.
+        self.assertEqual(mode.cache_key_stats().built, 1 if testing.HAS_KEY_BUILDER else 0)
+
+
 instantiate_parametrized_tests(TestDropIn)
+instantiate_parametrized_tests(TestKeyedAsTorch)
 instantiate_parametrized_tests(TestOwnerDeclarations)
 instantiate_parametrized_tests(TestSafety)
 instantiate_parametrized_tests(TestVerification)

@@ -1,5 +1,5 @@
 # Owner(s): ["module: fakeTensor"]
-"""The wheel holds the library only, and importing the library pulls in nothing else.
+"""The wheel holds the library only, the sdist builds the C++ helper, and importing the library pulls in nothing else.
 
 The wheel is built once per run with ``pip wheel --no-build-isolation
 --no-deps`` from a copy of the repository (so the working tree's ``build/``
@@ -7,7 +7,9 @@ and in-place ``_C`` are neither reused nor overwritten). By default the build
 runs with ``USE_CPP=0``: it then takes seconds instead of the ~40 s the C++
 helper needs, and the wheel must not hold ``_C``.
 ``TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1`` (``make test-wheel``, not part of
-``make test``) builds the helper and requires ``_C`` in the wheel.
+``make test``) builds the helper and requires ``_C`` in the wheel. The sdist
+is built once too, and the helper is built from it (what a user without a
+wheel for their torch does).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import unittest
 import zipfile
@@ -156,7 +159,8 @@ class TestWheel(TestCase):
         self.assertShips("torch_cachepolicy/version.py")
 
     def test_metadata(self) -> None:
-        """Version from version.py; torch (in the tested range) and typing-extensions the runtime requirements."""
+        """Version from version.py; torch (the oldest supported, no upper cap) and typing-extensions the runtime
+        requirements."""
         self.assertEqual(self.metadata["Name"], "torch_cachepolicy")
         self.assertEqual(self.metadata["Version"], torch_cachepolicy.__version__)
         requires = sorted(self.metadata.get_all("Requires-Dist") or [])
@@ -169,18 +173,70 @@ mypy==2.4.1; extra == "lint"
 numpy; extra == "test"
 pytest; extra == "test"
 ruff==0.17.6; extra == "lint"
-torch<2.15,>=2.13
+torch>=2.13
 typing-extensions>=4.4""",
         )
 
     @unittest.skipIf(tomllib is None, "tomllib is new in Python 3.11")
     def test_build_requires_the_runtime_torch_range(self) -> None:
-        """pyproject.toml's [build-system] builds against the torch range the wheel requires."""
+        """pyproject.toml's [build-system] builds against the torch range the wheel requires (version.py's)."""
         build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
         self.assertEqual(build["build-backend"], "setuptools.build_meta")
         (torch_req,) = (r for r in build["requires"] if r.startswith("torch"))
         (runtime,) = (r for r in self.metadata.get_all("Requires-Dist") or [] if r.startswith("torch"))
         self.assertEqual(set(torch_req.removeprefix("torch").split(",")), set(runtime.removeprefix("torch").split(",")))
+
+
+class TestSdist(TestCase):
+    """The sdist ``setup.py sdist`` builds, and the C++ helper built from it."""
+
+    tmp: ClassVar[tempfile.TemporaryDirectory[str]]
+    names: ClassVar[set[str]]
+    unpacked: ClassVar[pathlib.Path]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.tmp = tempfile.TemporaryDirectory()
+        out = pathlib.Path(cls.tmp.name)
+        src = out / "src"
+        shutil.copytree(ROOT, src, ignore=NOT_COPIED)
+        cmd = [sys.executable, "setup.py", "-q", "sdist", "-d", str(out / "dist")]
+        proc = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+        (sdist,) = (out / "dist").glob("torch_cachepolicy-*.tar.gz")
+        with tarfile.open(sdist) as tf:
+            cls.names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+            tf.extractall(out / "unpacked", filter="data")
+        (cls.unpacked,) = (out / "unpacked").iterdir()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.tmp.cleanup()
+        super().tearDownClass()
+
+    def test_ships_every_native_source(self) -> None:
+        """Every file of csrc/ (the headers included) and what the build reads are in the sdist."""
+        native = {f"csrc/{p.name}" for p in (ROOT / "csrc").iterdir() if p.is_file()}
+        self.assertGreater(len({n for n in native if n.endswith(".h")}), 0)
+        missing = sorted((native | {"setup.py", "pyproject.toml", "torch_cachepolicy/version.py"}) - self.names)
+        self.assertEqual(missing, [])
+
+    def test_builds_and_imports_with_the_helper(self) -> None:
+        """The C++ helper builds from the unpacked sdist, and the package imported from there uses it."""
+        build = subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=self.unpacked, env={**os.environ, "USE_CPP": "1"}, capture_output=True, text=True,
+        )
+        self.assertEqual(build.returncode, 0, msg=build.stdout + build.stderr)
+        code = "import torch_cachepolicy, torch_cachepolicy._native as n; print(n.backend(), torch_cachepolicy.__file__)"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TORCH_CACHEPOLICY_FORCE_PYTHON")}
+        run = subprocess.run([sys.executable, "-c", code], cwd=self.unpacked, env=env, capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, msg=run.stderr)
+        backend, where = run.stdout.split()
+        self.assertEqual(backend, "cpp")
+        self.assertEqual(pathlib.Path(where).parent.parent, self.unpacked)
 
 
 class TestLayout(TestCase):

@@ -46,6 +46,8 @@ import torch_cachepolicy as tcp
 from torch_cachepolicy import _compat, _key, _reasons, _synth
 from torch_cachepolicy._verify import describe, first_difference
 
+synthesis_call, synthesis_args = testing.synthesis_call, testing.synthesis_args
+
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
 
@@ -122,11 +124,14 @@ class _ParityMode(tcp.FakeTensorMode):
         # (op, the entry's plan or None, the first difference or None)
         self.built: list[tuple[object, _synth.Plan | None, str | None]] = []
 
-    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
-        ours = super()._output_from_cache_entry(state, entry, key, func, args)
-        theirs = _ft.FakeTensorMode._output_from_cache_entry(self, state, entry, key, func, args)
-        # The plan the synthesizer built ours with (None: torch's synthesis).
-        held, plan = self._cache.synth.plans.get(id(entry), (None, None))
+    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, *rest: Any) -> Any:
+        _, _, _, func, args = synthesis_call((state, entry, key, *rest))
+        ours = super()._output_from_cache_entry(state, entry, key, *rest)
+        theirs = _ft.FakeTensorMode._output_from_cache_entry(self, state, entry, key, *rest)
+        # The plan the synthesizer built ours with (None: torch's synthesis); torch's check of a new entry runs on
+        # a copy it drops, whose plan is not kept (Note [One synthesis for hits and their verification]).
+        synth = self._cache.synth
+        held, plan = (entry, _synth.output_plan(entry)) if synth.transient else synth.plans.get(id(entry), (None, None))
         self.built.append((func, plan if held is entry else None, _difference(ours, theirs, args)))
         return ours
 
@@ -590,7 +595,7 @@ class TestHitsInContext(TestCase):
 
         class Subclass(tcp.FakeTensorMode):
             def _output_from_cache_entry(self, *args: Any) -> Any:
-                seen.append(args[3])
+                seen.append(synthesis_call(args)[3])
                 return super()._output_from_cache_entry(*args)
 
         mode = (Subclass if where == "subclass" else tcp.FakeTensorMode)(cache_store=tcp.CacheStore(isolated=True))
@@ -598,8 +603,9 @@ class TestHitsInContext(TestCase):
         returned: list[object] = []
 
         def wrapper(*args: Any) -> Any:
-            seen.append(args[-2])
-            out = original(mode, *args[-5:])
+            state, entry, key, func, call_args = synthesis_call(args)
+            seen.append(func)
+            out = original(mode, state, entry, key, *synthesis_args(func, call_args))
             returned.append(out)
             return out
 
@@ -814,9 +820,9 @@ class _Recording(tcp.FakeTensorMode):
         self.entries: dict[object, object] = {}
         self.fakes: list[torch.Tensor] = []
 
-    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
-        self.entries[func] = entry
-        return super()._output_from_cache_entry(state, entry, key, func, args)
+    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, *rest: Any) -> Any:
+        self.entries[key.key[0]] = entry
+        return super()._output_from_cache_entry(state, entry, key, *rest)
 
     def plan(self, op: object) -> _synth.Plan:
         """The plan the mode's synthesizer holds for ``op``'s entry."""

@@ -1,4 +1,5 @@
-"""The checks of ``cache_policy``, ``cache_store`` and ``cache_crosscheck``, shared by every entry point.
+"""The checks of ``cache_policy``, ``cache_store`` and ``cache_crosscheck``, and of what this torch lets an entry
+point do, shared by every entry point.
 
 Apart from :mod:`._names` because it needs the classes it checks for, whose modules import :mod:`._names`.
 """
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from torch_cachepolicy._compat import ADVICE, Feature, off
 from torch_cachepolicy._names import describe_value
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.store import CacheStore
@@ -55,3 +57,13 @@ def check_crosscheck(where: str, value: object) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise TypeError(f"{where}: expected True, False or None, got {describe_value(value)}")
+
+
+def check_feature(api: str, feature: Feature) -> None:
+    """Raises a RuntimeError naming ``api`` if this torch changed an internal ``feature`` needs."""
+    why = off(feature)
+    if why is not None:
+        raise RuntimeError(
+            f"{api}: unavailable on this torch: {why}. Use torch.export.export (the program's fake values stay on "
+            f"torch's FakeTensorMode); {ADVICE}"
+        )

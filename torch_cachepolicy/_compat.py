@@ -1,6 +1,7 @@
-"""The private torch internals this package builds on, checked once at import.
+"""The private torch internals this package builds on, checked once at import, and what a change switches off.
 
-A leaf: it imports nothing of the package; other modules ask it what this torch is like (the gates at the end).
+A leaf: it imports nothing of the package but the import-free ``version``; other modules ask it what this torch is
+like (:func:`off`, and the gates at the end).
 """
 
 # Note [Checking torch's internals]
@@ -9,18 +10,23 @@ A leaf: it imports nothing of the package; other modules ask it what this torch 
 # a torch release may rename them or change their parameters or results, failing deep in a dispatch. So each
 # internal in _INTERNALS is checked at import: that it exists, the parameter names of what we call or override
 # (exactly for overrides: torch calls them with its own arguments), the fields of dataclasses we read or build,
-# and, where cheap and side-effect free, its behaviour (_DispatchCacheKey equality, ...). Drift raises ImportError
-# naming the internal and the supported range; a torch outside the range whose internals check out imports with an
-# UntestedTorchWarning (the checks cannot see every behaviour). test/test_compat.py checks that every private
-# torch name in the package's source is listed here.
+# and, where cheap and side-effect free, its behaviour (_DispatchCacheKey equality, ...). Each internal belongs to
+# one Feature. A changed internal switches its feature off (and the features that rest on it), with one
+# TorchDriftWarning naming the internal and what runs instead: the mode then is a correct FakeTensorMode that
+# caches less (stock's dispatch, torch's key, torch's synthesis, backend ops bypassing with the reason). Only a
+# change to what the subclass needs to be a FakeTensorMode at all (Feature.RULES) raises ImportError. A torch newer
+# than every tested release imports with an UntestedTorchWarning (the checks cannot see every behaviour).
+# test/test_compat.py checks that every private torch name in the package's source is listed here.
 #
-# Where the package does a torch function's work more cheaply, that function's code is read once here and the
-# copy is used only while the code is the known one: the gates at the end of this file, booleans the copy tests.
+# Where the package does a torch function's work more cheaply, that function's behaviour (or, where behaviour
+# cannot be probed, its code) is read once here and the copy is used only while it is the known one: the gates at
+# the end of this file, booleans the copy tests.
 
 from __future__ import annotations
 
 import dataclasses
 import dis
+import enum
 import importlib
 import inspect
 import logging
@@ -34,28 +40,51 @@ from typing import Any
 import torch
 from torch._subclasses import fake_tensor as _ft
 
-SUPPORTED_TORCH = ">=2.13,<2.15"
-"""The torch releases the package supports, as a pip version specifier."""
+from torch_cachepolicy.version import TESTED_TORCH, TORCH_REQUIREMENT
 
-TESTED_TORCH = ("2.13.0", "2.14.1")
-"""The torch releases CI runs the tests on."""
+log = logging.getLogger(__name__)
 
-# SUPPORTED_TORCH as (major, minor) bounds: lower inclusive, upper exclusive.
-_LOWER, _UPPER = (2, 13), (2, 15)
+SUPPORTED_TORCH = TORCH_REQUIREMENT
+"""The torch releases the package installs with, as a pip version specifier (no upper cap)."""
 
 ADVICE = (
-    f"torch_cachepolicy supports torch{SUPPORTED_TORCH} (tested on {' and '.join(TESTED_TORCH)}); "
-    f'install one of those, e.g. pip install "torch{SUPPORTED_TORCH}"'
+    f"torch_cachepolicy is tested on torch {', '.join(TESTED_TORCH)}; please report this with your torch version "
+    f'(pip install "torch=={TESTED_TORCH[-1]}" gives a tested release)'
 )
-"""The fix every message about an unsupported torch ends with."""
+"""What every message about an untested or changed torch ends with."""
 
 
 class UntestedTorchWarning(UserWarning):
-    """The installed torch is outside the range the package is tested on."""
+    """The installed torch is newer (or older) than every release the package is tested on."""
 
 
-class UnlistedKernelSourceWarning(UserWarning):
+class TorchDriftWarning(UserWarning):
+    """A private torch internal the package builds on changed; the package switched off what depends on it."""
+
+
+class UnlistedKernelSourceWarning(TorchDriftWarning):
     """This torch's fake dispatch consults a source the package does not list; backend ops go uncached."""
+
+
+class Feature(enum.Enum):
+    """A part of the package that a changed torch internal switches off; the value says what runs instead."""
+
+    RULES = "applying the rules registered for torch's FakeTensorMode to the subclass"
+    CACHE = (
+        "the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, "
+        "backend ops uncached)"
+    )
+    BACKEND = "caching of backend and higher-order operators (they bypass; aten ops stay cached)"
+    KEY_BUILDER = "the C++ key builder (torch's _cache_key builds every key)"
+    HIT_BUILDER = "building hits without dispatch (torch's _output_from_cache_entry builds every hit)"
+    DIRECT = "entering the cache directly (stock's FakeTensorMode.dispatch runs first)"
+    EXPORT = "torch_cachepolicy.export and adopt (they raise; torch.export.export works)"
+
+
+# What switching a feature off also switches off: the parts of the cache rest on the cache.
+_IMPLIED = {
+    Feature.CACHE: (Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.DIRECT),
+}
 
 
 # ------------------------------------------------------------------ checks
@@ -68,8 +97,12 @@ class _Internal:
     Attributes:
         module: the module that defines it.
         path: the attribute path inside ``module`` (``"Class.method"``).
+        feature: what a change to it switches off.
         params: leading parameter names of a function we call (a class: its constructor); later ones need defaults.
-        overridden: ``params`` must match exactly: torch calls our override with its own arguments.
+        overridden: ``params`` (or one of ``alternatives``) must match exactly: torch calls our override with its
+            own arguments.
+        alternatives: other exact parameter lists of an overridden function that the package handles (releases
+            differ).
         keywords: parameter names we pass by keyword, anywhere in the signature.
         fields: the dataclass fields we read or construct, in order (construction is positional).
         refers_to: attribute names the function's bytecode must use: those an ``__init__`` assigns and we read,
@@ -79,8 +112,10 @@ class _Internal:
 
     module: str
     path: str
+    feature: Feature = Feature.CACHE
     params: tuple[str, ...] | None = None
     overridden: bool = False
+    alternatives: tuple[tuple[str, ...], ...] = ()
     keywords: tuple[str, ...] = ()
     fields: tuple[str, ...] | None = None
     refers_to: tuple[str, ...] = ()
@@ -206,8 +241,15 @@ _FT = "torch._subclasses.fake_tensor"
 _MODE = "FakeTensorMode"
 _DISPATCH = ("self", "func", "types", "args", "kwargs")
 
+_RULES, _BACKEND, _KEY, _HIT, _DIRECT, _EXPORT = (
+    Feature.RULES, Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.DIRECT, Feature.EXPORT
+)
+_UTILS = "torch._subclasses._fake_tensor_utils"
+_REGISTRY = "torch._library.simple_registry"
+
 _INTERNALS: tuple[_Internal, ...] = (
-    # FakeTensorMode: what the subclass overrides, calls and reads.
+    # FakeTensorMode: what the subclass overrides, calls and reads. Without the cache (Feature.CACHE, the default)
+    # the mode dispatches as stock's.
     _Internal(
         _FT,
         f"{_MODE}.__init__",
@@ -217,13 +259,13 @@ _INTERNALS: tuple[_Internal, ...] = (
         refers_to=("allow_fallback_kernels", "propagate_real_tensors", "cache_enabled", "cache_crosscheck_enabled",
                    "fake_tensor_converter", "shape_env", "_allow_unsafe_data_ptr_access"),
     ),
-    _Internal(_FT, f"{_MODE}.dispatch", params=_DISPATCH, overridden=True),
+    _Internal(_FT, f"{_MODE}.dispatch", _RULES, params=_DISPATCH, overridden=True),
     # Read where _rules.dispatch enters the cache directly (STOCK_DISPATCH_KNOWN).
-    _Internal(_FT, "_DISPATCH_META_HANDLERS", check=_is_type(dict)),
-    _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", check=_is_type(Mapping)),
-    _Internal(_FT, "log", check=_is_type(logging.Logger)),
+    _Internal(_FT, "_DISPATCH_META_HANDLERS", _DIRECT, check=_is_type(dict)),
+    _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", _DIRECT, check=_is_type(Mapping)),
+    _Internal(_FT, "log", _DIRECT, check=_is_type(logging.Logger)),
     # An OpOverload's FakeTensorMode rule applies only under the Python dispatcher (_rules.dispatch).
-    _Internal("torch._C", "_dispatch_tls_is_dispatch_key_included"),
+    _Internal("torch._C", "_dispatch_tls_is_dispatch_key_included", _RULES),
     # Entries for stock ops go where stock's do: the class-global `cache`, or `shape_env.fake_tensor_cache`.
     _Internal(
         _FT, f"{_MODE}._cached_dispatch_impl", params=_DISPATCH, overridden=True,
@@ -235,14 +277,20 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, f"{_MODE}._dispatch_impl", params=_DISPATCH),
     _Internal(_FT, f"{_MODE}._cache_key", params=("self", "state", "func", "args", "kwargs")),
     _Internal(_FT, f"{_MODE}._make_cache_entry", params=("self", "state", "key", "func", "args", "kwargs", "output")),
-    _Internal(_FT, f"{_MODE}._output_from_cache_entry", params=("self", "state", "entry", "key", "func", "args")),
+    # torch 2.15 dropped `func` (a view output is one whose entry has a view_idx); both are handled
+    # (SYNTHESIS_TAKES_FUNC).
+    _Internal(
+        _FT, f"{_MODE}._output_from_cache_entry", params=("self", "state", "entry", "key", "func", "args"),
+        overridden=True, alternatives=(("self", "state", "entry", "key", "args"),),
+    ),
     # Hashes a GraphModule (and callables wrapping one) by id; _driver.py evicts such keys when the object dies.
+    # _key.py hands it the arguments whose key torch may transform (a device: torch 2.15 pins its index).
     _Internal(_FT, f"{_MODE}._prep_args_for_hash", params=("self", "result", "args", "state", "id_hashed_objects")),
     # adopt() moves a value by setting the attribute FakeTensor.__new__ assigns (Note [Moving values rather than
     # copying them]).
-    _Internal(_FT, "FakeTensor.__new__", refers_to=("fake_mode",)),
+    _Internal(_FT, "FakeTensor.__new__", _EXPORT, refers_to=("fake_mode",)),
     _Internal(_FT, f"{_MODE}.cache", check=_is_type(dict)),
-    _Internal(_FT, "FakeTensorConverter.__init__", keywords=("export",), refers_to=("export",)),
+    _Internal(_FT, "FakeTensorConverter.__init__", _EXPORT, keywords=("export",), refers_to=("export",)),
     # The cache's data types.
     _Internal(_FT, "_DispatchCacheKey", params=("tup",), check=_check_cache_key),
     _Internal(_FT, "_DispatchCacheKey.strip_shape_env", params=("self",)),
@@ -252,121 +300,123 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, "_DispatchCacheBypassEntry", fields=("reason",), check=_check_reason),
     _Internal(_FT, "_BypassDispatchCache", fields=("reason",), check=_check_bypass_exception),
     _Internal(_FT, "DispatchCacheInfo", fields=("hits", "misses", "bypasses", "size")),
-    _Internal("torch._subclasses._fake_tensor_utils", "_CacheKeyState", params=("shape_env",), check=_check_key_state),
-    _Internal("torch._subclasses._fake_tensor_utils", "_CacheKeyState.cache_on_shape_env", params=("self",)),
+    _Internal(_UTILS, "_CacheKeyState", params=("shape_env",), check=_check_key_state),
+    _Internal(_UTILS, "_CacheKeyState.cache_on_shape_env", params=("self",)),
     # _key builds symbolic keys as convert_sym_int and extract_tensor_metadata do (Note [Symbolic keys] in
     # csrc/keybuilder.cpp); SYMBOLIC_KEYS reads whether the latter computes a symbolic tensor's memory format.
     _Internal(
-        "torch._subclasses._fake_tensor_utils",
+        _UTILS,
         "_CacheKeyState.convert_sym_int",
+        _KEY,
         params=("self", "result", "arg"),
         refers_to=("sym_node_lookup", "known_symbols", "shape_env", "free_symbols", "_InputBackref", "_PySymInputStub"),
     ),
-    _Internal("torch._subclasses._fake_tensor_utils", "_PySymInputStub", fields=("value",)),
+    _Internal(_UTILS, "_PySymInputStub", fields=("value",)),
     # _synth.stub_symint_output keeps a bare SymInt output as torch keeps a tensor output's sizes.
-    _Internal("torch._subclasses._fake_tensor_utils", "_SymIntOutputStub.__init__", params=("self", "value", "key_path")),
-    _Internal("torch._subclasses._fake_tensor_utils", "_SymIntOutputStub.extract", params=("self", "key", "shape_env")),
-    _Internal("torch._subclasses._fake_tensor_utils", "_InputBackref", fields=("value",)),
-    _Internal(_FT, "suggest_memory_format", params=("x",)),
+    _Internal(_UTILS, "_SymIntOutputStub.__init__", params=("self", "value", "key_path")),
+    _Internal(_UTILS, "_SymIntOutputStub.extract", params=("self", "key", "shape_env")),
+    _Internal(_UTILS, "_InputBackref", _KEY, fields=("value",)),
+    _Internal(_FT, "suggest_memory_format", _KEY, params=("x",)),
     # Functions.
     _Internal(_FT, "disable_fake_tensor_cache", params=("fake_mode",)),
-    _Internal(_FT, "unset_fake_temporarily", params=()),
-    _Internal(_FT, "maybe_get_fake_mode", params=("t",)),
+    _Internal(_FT, "unset_fake_temporarily", _EXPORT, params=()),
+    _Internal(_FT, "maybe_get_fake_mode", _EXPORT, params=("t",)),
     _Internal("torch._subclasses.meta_utils", "assert_metadata_eq", params=("assert_eq", "m1", "m2")),
     _Internal("torch._subclasses.meta_utils", "assert_eq", params=("a", "b")),
     # Operators and the registries of their fake kernels.
-    _Internal("torch._ops", "OpOverload", check=_check_opoverload),
-    _Internal("torch._ops", "OperatorBase", check=_check_python_key_table),
-    _Internal("torch._ops", "HigherOrderOperator"),
-    _Internal("torch._ops", "_OpNamespace"),
-    _Internal("torch._library.simple_registry", "singleton"),
-    _Internal("torch._library.simple_registry", "SimpleLibraryRegistry.find", params=("self", "qualname")),
-    _Internal("torch._library.simple_registry", "SimpleLibraryRegistry.get", params=("self", "qualname")),
-    _Internal(
-        "torch._library.simple_registry", "SimpleOperatorEntry.__init__",
-        refers_to=("fake_impl", "torch_dispatch_rules"),
-    ),
+    _Internal("torch._ops", "OpOverload", _RULES, check=_check_opoverload),
+    _Internal("torch._ops", "OperatorBase", _RULES, check=_check_python_key_table),
+    _Internal("torch._ops", "HigherOrderOperator", _RULES),
+    _Internal("torch._ops", "_OpNamespace", _RULES),
+    _Internal(_REGISTRY, "singleton", _RULES),
+    _Internal(_REGISTRY, "SimpleLibraryRegistry.find", _RULES, params=("self", "qualname")),
+    _Internal(_REGISTRY, "SimpleLibraryRegistry.get", _RULES, params=("self", "qualname")),
+    _Internal(_REGISTRY, "SimpleOperatorEntry.__init__", _RULES, refers_to=("fake_impl", "torch_dispatch_rules")),
     # Rules for the FakeTensorMode class (Note [Rules for the FakeTensorMode class]).
     _Internal(
-        "torch._library.simple_registry", "GenericTorchDispatchRuleHolder.find",
+        _REGISTRY, "GenericTorchDispatchRuleHolder.find", _RULES,
         params=("self", "torch_dispatch_class"), refers_to=("_data",),
     ),
     # Routes keep the holder's dict: register and deregister change it in place.
     _Internal(
-        "torch._library.simple_registry", "GenericTorchDispatchRuleHolder.register",
+        _REGISTRY, "GenericTorchDispatchRuleHolder.register", _RULES,
         params=("self", "torch_dispatch_class", "func"), refers_to=("_data",),
     ),
     _Internal(
-        "torch._library.simple_registry", "find_torch_dispatch_rule", params=("op", "torch_dispatch_class"),
+        _REGISTRY, "find_torch_dispatch_rule", _RULES, params=("op", "torch_dispatch_class"),
         refers_to=("torch_dispatch_rules", "__qualname__"),
     ),
     # Sources _kernels.KernelDeps watches (Note [The kernel in effect]).
-    _Internal("torch._subclasses.fake_impls", "op_implementations_checks", check=_is_type(list)),
-    _Internal("torch._subclasses.fake_impls", "op_implementations_dict", check=_is_type(dict)),
-    _Internal("torch._subclasses.fake_impls", "get_fast_op_impls", params=(), check=_returns_mapping),
-    _Internal(_FT, f"{_MODE}.can_run_unsafe_fallback", params=("self", "func")),
-    _Internal(_FT, f"{_MODE}._can_run_unsafe_fallback_allowed_namespaces"),
+    _Internal("torch._subclasses.fake_impls", "op_implementations_checks", _BACKEND, check=_is_type(list)),
+    _Internal("torch._subclasses.fake_impls", "op_implementations_dict", _BACKEND, check=_is_type(dict)),
+    _Internal("torch._subclasses.fake_impls", "get_fast_op_impls", _BACKEND, params=(), check=_returns_mapping),
+    _Internal(_FT, f"{_MODE}.can_run_unsafe_fallback", _BACKEND, params=("self", "func")),
+    _Internal(_FT, f"{_MODE}._can_run_unsafe_fallback_allowed_namespaces", _BACKEND),
     # _kernels.custom_ops_profile reads the config entry as the config module does.
-    _Internal("torch._dynamo.config", "_config", check=_check_profile_entry),
+    _Internal("torch._dynamo.config", "_config", _BACKEND, check=_check_profile_entry),
     _Internal(
-        "torch.utils._config_module", "ConfigModule.__getattr__",
+        "torch.utils._config_module", "ConfigModule.__getattr__", _BACKEND,
         refers_to=("env_value_force", "user_override", "env_value_default", "justknob", "hide"),
     ),
-    _Internal("torch.utils._config_module", "_UNSET_SENTINEL"),
+    _Internal("torch.utils._config_module", "_UNSET_SENTINEL", _BACKEND),
     # _synth.FakeTensors makes a hit's FakeTensor as FakeTensor.__new__ does (FAKE_TENSOR_CONSTRUCTOR_KNOWN
     # below; Note [A hit's FakeTensor]).
-    _Internal("torch", "Tensor._make_subclass"),
-    _Internal("torch._C", "_set_throw_on_mutable_data_ptr"),
-    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr"),
-    _Internal("torch._C", "_dispatch_keys"),  # _synth's self-check compares hits' dispatch keys
-    _Internal(_FT, "FakeTensorConfig.debug", check=_is_type(bool)),
-    # _verify.shape_env_state.
-    _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", check=_check_shape_env_counters),
-    _Internal("torch._library.fake_impl", "FakeImplHolder", params=("qualname",), check=_check_fake_impl_holder),
-    _Internal("torch._library.utils", "Kernel", fields=("func",)),
+    _Internal("torch", "Tensor._make_subclass", _HIT),
+    _Internal("torch._C", "_set_throw_on_mutable_data_ptr", _HIT),
+    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr", _HIT),
+    _Internal("torch._C", "_dispatch_keys", _HIT),  # _synth's self-check compares hits' dispatch keys
+    _Internal(_FT, "FakeTensorConfig.debug", _HIT, check=_is_type(bool)),
+    # _verify.shape_env_state: what a backend kernel may teach the ShapeEnv.
+    _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", _BACKEND, check=_check_shape_env_counters),
+    _Internal("torch._library.fake_impl", "FakeImplHolder", _BACKEND, params=("qualname",), check=_check_fake_impl_holder),
+    _Internal("torch._library.utils", "Kernel", _BACKEND, fields=("func",)),
     _Internal("torch._library.utils", "is_builtin", params=("op",)),
-    _Internal("torch._library.custom_ops", "CustomOpDef"),
-    _Internal("torch._library.custom_ops", "OPDEFS", check=_is_type(Mapping)),
-    _Internal("torch._decomp", "decomposition_table", check=_is_type(dict)),
+    _Internal("torch._library.custom_ops", "CustomOpDef", _RULES),
+    _Internal("torch._library.custom_ops", "OPDEFS", _BACKEND, check=_is_type(Mapping)),
+    _Internal("torch._decomp", "decomposition_table", _BACKEND, check=_is_type(dict)),
     # Python-level kernels that fake dispatch prefers; _kernels.table_key watches them.
-    _Internal("torch._decomp", "meta_table", check=_is_type(dict)),
-    _Internal("torch._ops", "OperatorBase.__init__", refers_to=("py_kernels", "python_key_table")),
-    _Internal("torch._library.custom_ops", "CustomOpDef.register_fake", refers_to=("_abstract_fn",)),
+    _Internal("torch._decomp", "meta_table", _BACKEND, check=_is_type(dict)),
+    _Internal("torch._ops", "OperatorBase.__init__", _RULES, refers_to=("py_kernels", "python_key_table")),
+    _Internal("torch._library.custom_ops", "CustomOpDef.register_fake", _BACKEND, refers_to=("_abstract_fn",)),
     # Bumped whenever the ShapeEnv learns something (Note [What the ShapeEnv knows]).
     _Internal(
-        "torch.fx.experimental.symbolic_shapes", "ShapeEnv._update_version_counter", params=("self",),
+        "torch.fx.experimental.symbolic_shapes", "ShapeEnv._update_version_counter", _BACKEND, params=("self",),
         refers_to=("_version_counter",),
     ),
-    _Internal("torch._C", "_dispatch_has_kernel_for_dispatch_key"),
-    _Internal("torch._C", "_dispatch_find_schema_or_throw"),
-    _Internal("torch._C", "_dispatch_dump", check=_check_dispatch_dump),
-    _Internal("torch._C", "DispatchKey"),
+    _Internal("torch._C", "_dispatch_has_kernel_for_dispatch_key", _RULES),
+    _Internal("torch._C", "_dispatch_find_schema_or_throw", _BACKEND),
+    _Internal("torch._C", "_dispatch_dump", _BACKEND, check=_check_dispatch_dump),
+    _Internal("torch._C", "DispatchKey", _RULES),
     # The key builder (_key.py, csrc/keybuilder.cpp) reproduces _cache_key's key from these: its prefix, and each
     # tensor's metadata fields in this order (Note [What the key builder reproduces]).
-    _Internal("torch._C", "_get_default_device"),
+    _Internal("torch._C", "_get_default_device", _KEY),
     _Internal("torch.fx.experimental.proxy_tensor", "get_proxy_mode", params=()),
     _Internal(
         _FT,
         "TensorMetadata",
+        _KEY,
         fields=("dtype", "shape", "stride", "device", "layout", "memory_format", "storage_offset", "storage_bytes",
                 "requires_grad", "is_quantized", "is_conj", "is_neg", "is_inference", "is_sparse", "is_coalesced",
                 "dense_dim", "sparse_dim"),
     ),
-    _Internal(_FT, "extract_tensor_metadata", params=("t",)),
+    _Internal(_FT, "extract_tensor_metadata", _KEY, params=("t",)),
     # export.py: torch.export.export traces under an active TracingContext's fake mode (make_fake_inputs); its
     # check of lifted fake constants is re-run on the result (Note [Exporting under a TracingContext]).
-    _Internal("torch._guards", "TracingContext", params=("fake_mode",)),
-    _Internal("torch._guards", "TracingContext.try_get", params=()),
-    _Internal("torch._guards", "tracing", params=("context",)),
-    _Internal("torch._guards", "detect_fake_mode", params=("inputs",)),
-    _Internal("torch.export._trace", "_is_bogus_const_name", params=("name",)),
-    _Internal("torch._export.config", "error_on_lifted_constant_tensors", check=_is_type(bool)),
+    _Internal("torch._guards", "TracingContext", _EXPORT, params=("fake_mode",)),
+    _Internal("torch._guards", "TracingContext.try_get", _EXPORT, params=()),
+    _Internal("torch._guards", "tracing", _EXPORT, params=("context",)),
+    _Internal("torch._guards", "detect_fake_mode", _EXPORT, params=("inputs",)),
+    _Internal("torch.export._trace", "_is_bogus_const_name", _EXPORT, params=("name",)),
+    _Internal("torch._export.config", "error_on_lifted_constant_tensors", _EXPORT, check=_is_type(bool)),
     # Higher-order operators.
-    _Internal("torch._higher_order_ops.utils", "registered_hop_fake_fns", check=_is_type(Mapping)),
-    _Internal("torch._higher_order_ops.utils", "redirect_to_mode", params=("hop", "mode"), check=_check_redirect_to_mode),
-    _Internal("torch._higher_order_ops.utils", "SubgraphCallableWrapper.__init__", refers_to=("subgraph",)),
+    _Internal("torch._higher_order_ops.utils", "registered_hop_fake_fns", _RULES, check=_is_type(Mapping)),
     _Internal(
-        "torch._higher_order_ops.auto_functionalize", "FunctionalCallableWithEpilogue.__init__",
+        "torch._higher_order_ops.utils", "redirect_to_mode", _RULES, params=("hop", "mode"),
+        check=_check_redirect_to_mode,
+    ),
+    _Internal("torch._higher_order_ops.utils", "SubgraphCallableWrapper.__init__", _BACKEND, refers_to=("subgraph",)),
+    _Internal(
+        "torch._higher_order_ops.auto_functionalize", "FunctionalCallableWithEpilogue.__init__", _BACKEND,
         refers_to=("orig_callable",),
     ),
 )
@@ -389,8 +439,9 @@ def _signature_drift(internal: _Internal, obj: Any) -> str | None:
     expected = internal.params
     if expected is not None:
         if internal.overridden:
-            if tuple(names) != expected:
-                return f"takes {_render(names)}, expected exactly {_render(expected)} (the package overrides it)"
+            if tuple(names) != expected and tuple(names) not in internal.alternatives:
+                known = " or ".join(_render(e) for e in (expected, *internal.alternatives))
+                return f"takes {_render(names)}, expected exactly {known} (the package overrides it)"
         elif tuple(names[: len(expected)]) != expected or any(
             p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[len(expected) :]
         ):
@@ -420,45 +471,111 @@ def _drift(internal: _Internal, obj: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Drift:
+    """One internal that no longer matches what the package relies on.
+
+    Attributes:
+        internal: its dotted name.
+        problem: what changed, in words.
+        feature: what it switches off.
+    """
+
+    internal: str
+    problem: str
+    feature: Feature
+
+    def __str__(self) -> str:
+        return f"{self.internal} {self.problem}"
+
+
+def find_drift(internals: tuple[_Internal, ...] | None = None) -> tuple[Drift, ...]:
+    """The internals of :data:`_INTERNALS` (or ``internals``) that changed on the installed torch."""
+    found = []
+    for internal in _INTERNALS if internals is None else internals:
+        try:
+            problem = _drift(internal, _resolve(internal))
+        except Exception as e:  # a missing attribute, or a behaviour check that raised
+            problem = f"cannot be used ({e!r})"
+        if problem is not None:
+            found.append(Drift(internal.name, problem, internal.feature))
+    return tuple(found)
+
+
+def switched_off(drift: tuple[Drift, ...]) -> dict[Feature, Drift]:
+    """Each feature ``drift`` switches off, with the (first) change that does: its own, or one it rests on."""
+    off: dict[Feature, Drift] = {}
+    for d in drift:
+        for feature in (d.feature, *_IMPLIED.get(d.feature, ())):
+            off.setdefault(feature, d)
+    return off
+
+
 def torch_minor(version: str) -> tuple[int, int] | None:
     """``(major, minor)`` of a torch version string, or None if it has none."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return None if match is None else (int(match[1]), int(match[2]))
 
 
-def check_torch_internals(version: str | None = None) -> None:
-    """Checks the private internals of the installed torch, then its version (Note [Checking torch's internals]).
+_TESTED_MINORS = {torch_minor(v) for v in TESTED_TORCH}
+
+
+def check_torch_internals(version: str | None = None, drift: tuple[Drift, ...] | None = None) -> tuple[Drift, ...]:
+    """Judges the installed torch (Note [Checking torch's internals]); the package runs it once, at import.
 
     Args:
         version: the torch version to judge; ``torch.__version__`` if None.
+        drift: :func:`find_drift`'s answer; the installed torch's (as found at import: :data:`DRIFT`) if None.
+
+    Returns:
+        The internals that changed (each switched its feature off).
 
     Raises:
-        ImportError: an internal is missing or changed; the message names it and the supported range.
+        ImportError: an internal the subclass needs to be a FakeTensorMode at all changed (``Feature.RULES``).
 
     Warns:
-        UntestedTorchWarning: every internal checks out but ``version`` is outside :data:`SUPPORTED_TORCH`.
+        TorchDriftWarning: other internals changed; names each and what the package switched off.
+        UntestedTorchWarning: ``version``'s major.minor is none of :data:`TESTED_TORCH`'s.
     """
     version = str(torch.__version__) if version is None else version
-    for internal in _INTERNALS:
-        try:
-            problem = _drift(internal, _resolve(internal))
-        except Exception as e:  # a missing attribute, or a behaviour check that raised
-            problem = f"cannot be used ({e!r})"
-        if problem is not None:
-            raise ImportError(
-                f"torch_cachepolicy: torch {version} changed a private internal this package builds on: "
-                f"{internal.name} {problem}. {ADVICE}"
-            )
-    minor = torch_minor(version)
-    if minor is None or not _LOWER <= minor < _UPPER:
+    drift = DRIFT if drift is None else drift
+    fatal = [d for d in drift if d.feature is Feature.RULES]
+    if fatal:
+        raise ImportError(
+            f"torch_cachepolicy: torch {version} changed a private internal this package builds on: {fatal[0]}. "
+            f"Without it the package cannot apply the rules registered for torch's FakeTensorMode. {ADVICE}"
+        )
+    if drift:
+        off = switched_off(drift)
+        changes = "; ".join(str(d) for d in drift)
+        what = "; ".join(feature.value for feature in Feature if feature in off)
         warnings.warn(
-            f"torch_cachepolicy: torch {version} is outside the tested range torch{SUPPORTED_TORCH} "
-            f"(tested on {' and '.join(TESTED_TORCH)}). The private internals the package uses check "
-            "out, but their behaviour is untested on this version; run the package's tests before "
-            "relying on it.",
+            f"torch_cachepolicy: torch {version} changed private internals this package builds on ({changes}). "
+            f"Switched off: {what}. Everything else works as stock FakeTensorMode does. {ADVICE}",
+            TorchDriftWarning,
+            stacklevel=3,
+        )
+    if torch_minor(version) not in _TESTED_MINORS:
+        warnings.warn(
+            f"torch_cachepolicy: torch {version} is none of the releases the package is tested on "
+            f"({', '.join(TESTED_TORCH)}). The private internals it uses were checked at import, but their behaviour "
+            "is untested on this version; run the package's tests before relying on it.",
             UntestedTorchWarning,
             stacklevel=3,
         )
+    return drift
+
+
+DRIFT: tuple[Drift, ...] = find_drift()
+"""The internals that changed on the installed torch, found once at import."""
+
+_OFF = switched_off(DRIFT)
+
+
+def off(feature: Feature) -> str | None:
+    """Why ``feature`` is switched off on the installed torch (the change that did it), or None if it is on."""
+    d = _OFF.get(feature)
+    return None if d is None else f"torch {torch.__version__} changed {d}"
 
 
 # ------------------------------------------------------------------ gates
@@ -475,7 +592,7 @@ def code_names(fn: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-# The names torch 2.13/2.14's FakeTensor.__new__ uses; _synth.FakeTensors does its work for a hit. A torch whose
+# The names torch 2.13-2.15's FakeTensor.__new__ uses; _synth.FakeTensors does its work for a hit. A torch whose
 # constructor uses any other name (a new step) keeps its own constructor for every hit.
 _CONSTRUCTOR_NAMES = frozenset(
     {
@@ -489,21 +606,32 @@ _CONSTRUCTOR_NAMES = frozenset(
     }
 )  # fmt: skip
 
-# The names stock's FakeTensorMode.dispatch uses on torch 2.13/2.14 (Note [Entering the cache directly] in _rules.py).
+# The names stock's FakeTensorMode.dispatch uses on torch 2.13-2.15 (Note [Entering the cache directly] in _rules.py).
+# Names, not a probe dispatch: the gate asks what stock does for every op (a new table would serve some), which one
+# probed op cannot answer.
 _STOCK_DISPATCH_NAMES = frozenset({
     "DEBUG", "IncrementRecursionCount", "RECURSION_COUNT", "_DISPATCH_HANDLE_DIRECTLY", "_DISPATCH_META_HANDLERS",
     "_cached_dispatch_impl", "_dispatch_impl", "cache_enabled", "debug", "getEffectiveLevel",
     "in_kernel_invocation_manager", "log", "logging", "no_dispatch",
 })  # fmt: skip
-STOCK_DISPATCH_KNOWN: bool = frozenset(_ft.FakeTensorMode.dispatch.__code__.co_names) == _STOCK_DISPATCH_NAMES
+STOCK_DISPATCH_KNOWN: bool = (
+    off(Feature.DIRECT) is None and frozenset(_ft.FakeTensorMode.dispatch.__code__.co_names) == _STOCK_DISPATCH_NAMES
+)
 """Whether stock's ``FakeTensorMode.dispatch`` is the known one (its tables, its logging, then the cache)."""
 
-FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
+FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = (
+    off(Feature.HIT_BUILDER) is None and code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
+)
 """Whether ``FakeTensor.__new__`` is the known one (Note [A hit's FakeTensor] in ``_synth.py``)."""
+
+SYNTHESIS_TAKES_FUNC: bool = "func" in inspect.signature(_ft.FakeTensorMode._output_from_cache_entry).parameters
+"""Whether ``_output_from_cache_entry`` takes ``func`` before ``args`` (torch 2.13, 2.14) or not (2.15)."""
 
 
 def _memory_format_order() -> list[str]:
     # Which of the two names extract_tensor_metadata uses first; see SYMBOLIC_KEYS.
+    if off(Feature.KEY_BUILDER) is not None:
+        return []
     return [
         ins.argval
         for ins in dis.get_instructions(_ft.extract_tensor_metadata)
@@ -523,4 +651,11 @@ SYMBOLIC_MEMORY_FORMAT_GUARDS: bool = SYMBOLIC_KEYS and _ORDER.index("suggest_me
     "_has_symbolic_sizes_strides"
 )
 """Whether ``extract_tensor_metadata`` computes a symbolic tensor's memory format
-before dropping it (torch 2.13: the computation may guard) or not at all (2.14)."""
+before dropping it (torch 2.13: the computation may guard) or not at all (2.14, 2.15)."""
+
+log.debug(
+    "torch %s: features off %s; gates STOCK_DISPATCH_KNOWN=%s FAKE_TENSOR_CONSTRUCTOR_KNOWN=%s SYMBOLIC_KEYS=%s "
+    "SYMBOLIC_MEMORY_FORMAT_GUARDS=%s SYNTHESIS_TAKES_FUNC=%s",
+    torch.__version__, {f.name: str(d) for f, d in _OFF.items()}, STOCK_DISPATCH_KNOWN,
+    FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS, SYNTHESIS_TAKES_FUNC,
+)

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from torch_cachepolicy import _kernels, _reasons
+from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
 from torch_cachepolicy._deps import Dependent, Frame, current_table_key, record
 from torch_cachepolicy._key import cache_key
 from torch_cachepolicy._key_extension import check_visible, extend_key
@@ -109,7 +110,11 @@ def cached_dispatch(
         return mode._dispatch_impl(func, types, args, kwargs)
     if entry is None:
         return _miss(mode, state, route, _Call(key_state, key, table, table_key, shape_env, types, args, kwargs))
-    output = mode._output_from_cache_entry(key_state, entry, key, func, args)
+    # Through the mode, as stock's hits, so that an override of it builds every hit.
+    if SYNTHESIS_TAKES_FUNC:
+        output = mode._output_from_cache_entry(key_state, entry, key, func, args)
+    else:
+        output = mode._output_from_cache_entry(key_state, entry, key, args)
     stats.hits += 1
     if mode.cache_crosscheck_enabled:
         crosscheck(mode, output, func, types, args, kwargs)
@@ -215,7 +220,7 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
         call.shape_env is not None and call.table is call.shape_env.fake_tensor_cache
     )
     try:
-        entry = _entry(mode, route, call, output, in_torch_storage)
+        entry = _entry(mode, state, route, call, output, in_torch_storage)
     except _BypassDispatchCache as e:
         # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
         route.stats.bypass(e.reason)
@@ -250,7 +255,7 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
     return output
 
 
-def _entry(mode: Any, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
+def _entry(mode: Any, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
     """torch's entry for this output, after the schema checks of a backend op."""
     func: Any = route.func
     if route.kind is POLICY:
@@ -258,7 +263,12 @@ def _entry(mode: Any, route: Route, call: _Call, output: object, in_torch_storag
         assert route.deps is not None
         if call.shape_env is None and route.deps.runs_backend_fallback():
             raise _BypassDispatchCache(_reasons.BACKEND_FALLBACK)
-    entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)
+    synth = state.synth
+    synth.transient = True  # See Note [One synthesis for hits and their verification]
+    try:
+        entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)
+    finally:
+        synth.transient = False
     return entry if in_torch_storage else stub_symint_output(entry, call.key_state, call.key)
 
 

@@ -44,12 +44,14 @@ from torch._subclasses import fake_tensor as _ft
 from torch.utils import _config_module
 
 from torch_cachepolicy import _keyset, _reasons
-from torch_cachepolicy._compat import ADVICE, UnlistedKernelSourceWarning, code_names
+from torch_cachepolicy._compat import ADVICE, Feature, UnlistedKernelSourceWarning, code_names, off
 from torch_cachepolicy._names import context_value
 from torch_cachepolicy._symbols import knowledge
 
 log = logging.getLogger(__name__)
 _StockMode = _ft.FakeTensorMode
+# Why backend and higher-order ops are not cached on this torch (a changed internal), or None.
+_BACKEND_OFF = off(Feature.BACKEND)
 
 
 class Coverage(enum.Enum):
@@ -132,6 +134,12 @@ SOURCES: tuple[Source, ...] = (
         "torch's key bypasses non-fake tensors, fakes of other modes and subclasses",
     ),
     Source(
+        "the sparse-invariants switch (torch.sparse.check_sparse_tensor_invariants), turned off around the kernel "
+        "when an argument is sparse (torch 2.15)",
+        ("sparse", "check_sparse_tensor_invariants", "is_enabled"), Coverage.KEY,
+        "torch's key bypasses sparse arguments",
+    ),
+    Source(
         "lift ops (torch.tensor's lift_fresh)",
         ("lift_fns",), Coverage.KEY,
         "torch's validation bypasses them ('lift')",
@@ -157,7 +165,9 @@ SOURCES: tuple[Source, ...] = (
          "check_aliasing_constraint", "backed_var_to_val", "real_tensor_prop_unbacked_vals",
          "set_real_tensor_prop_unbacked_vals", "compute_unbacked_bindings",
          "_maybe_infer_fake_kernel_from_pytree_out", "generate_fake_kernels_from_real_mismatches",
-         "has_fake_kernel", "inferred_fake_kernel_from_real_out", "dtrace_structured"), Coverage.BYPASS,
+         "has_fake_kernel", "inferred_fake_kernel_from_real_out", "dtrace_structured",
+         # torch 2.15 propagates strides and offsets of strided tensors only (t.layout == torch.strided).
+         "layout", "strided"), Coverage.BYPASS,
         "backend and higher-order ops bypass while mode.propagate_real_tensors is set; builtin ops behave as stock",
     ),
     Source(
@@ -171,8 +181,10 @@ SOURCES: tuple[Source, ...] = (
         "KernelDeps.table_key",
     ),
     Source(
-        "the C++ meta kernels that support symbolic shapes, and ops with special unbacked handling",
-        ("cpp_meta_supports_symint", "_cpp_meta_supports_symint", "view_copy", "_unbacked_special_fake_handling_ops"), Coverage.FIXED,
+        "the C++ meta kernels that support symbolic shapes (a set of aten ops: on the mode class before torch 2.15, "
+        "in torch._meta_registrations since), and ops with special unbacked handling",
+        ("cpp_meta_supports_symint", "_cpp_meta_supports_symint", "cpp_meta_supports_symint_ops",
+         "torch._meta_registrations", "view_copy", "_unbacked_special_fake_handling_ops"), Coverage.FIXED,
         "a set of aten ops and the op's tags: fixed per operator",
     ),
     Source(
@@ -253,9 +265,9 @@ SOURCES: tuple[Source, ...] = (
         "(_key_extension.check_visible, Note [Arguments the key cannot see])",
     ),
     Source(
-        "mkldnn tensors converted to dense (torch 2.14)",
+        "mkldnn tensors converted to dense (torch 2.14, 2.15)",
         ("maybe_to_dense_mkldnn", "to_dense"), Coverage.FIXED,
-        "aten.to_dense only",
+        "aten.to_dense only (fake mkldnn arguments bypass in torch's key, and in the C++ key builder's)",
     ),
     Source(
         "stock's cache: key, validation, entries, storage, counters, crosscheck",
@@ -263,8 +275,11 @@ SOURCES: tuple[Source, ...] = (
          "_crosscheck_cache_output", "cache", "fake_tensor_cache", "cache_hits", "cache_misses", "cache_bypasses",
          "_set_cache_key", "_set_cache_key_for_shape_env", "_CacheKeyState", "cache_on_shape_env",
          "_DispatchCacheBypassEntry", "_BypassDispatchCache", "reason", "disable_fake_tensor_cache",
-         "cache_crosscheck_enabled", "hc_log"), Coverage.CACHE,
-        "the mode overrides _cached_dispatch_impl (_driver.cached_dispatch) and reuses the rest",
+         "cache_crosscheck_enabled", "hc_log",
+         # torch 2.15 crosschecks a hit with proxy tracing off.
+         "fx", "experimental", "proxy_tensor", "disable_proxy_modes_tracing"), Coverage.CACHE,
+        "the mode overrides _cached_dispatch_impl (_driver.cached_dispatch) and reuses the rest; its crosscheck, "
+        "too, runs with proxy tracing off",
     ),
 )
 """Every source, in the order stock's dispatch consults them."""
@@ -367,12 +382,15 @@ def check_sources(sources: Iterable[Source] | None = None) -> None:
 
 
 def trusted() -> bool:
-    """Whether every source this torch's dispatch consults is listed."""
-    return not _unlisted
+    """Whether backend and higher-order ops may be cached: every source this torch's dispatch consults is listed,
+    and no internal their entries rest on changed (``_compat.Feature.BACKEND``)."""
+    return not _unlisted and _BACKEND_OFF is None
 
 
 def distrusted_reason() -> str:
     """The bypass reason while :func:`trusted` is False."""
+    if _BACKEND_OFF is not None:
+        return _BACKEND_OFF
     return _reasons.distrusted(sorted({name for found in _unlisted.values() for name in found}))
 
 
@@ -499,16 +517,19 @@ def symbolic_table_key(func: object, table_key: Hashable, shape_env: Any, symbol
 # the env override, else the (context-local) user override, else the env default, else the default; env values
 # are fixed at import, so a read is one ContextVar.get. _compat checks at import that the entry has no alias or
 # justknob and that its override is a ContextVar; test_fidelity.py compares this with the module's read.
-_PROFILE_ENTRY = torch._dynamo.config._config["_custom_ops_profile"]  # type: ignore[attr-defined]
-_UNSET = _config_module._UNSET_SENTINEL
-_PROFILE_OVERRIDE = (
-    _PROFILE_ENTRY.user_override
-    if _PROFILE_ENTRY.env_value_force is _UNSET
-    else contextvars.ContextVar("_custom_ops_profile_forced", default=_PROFILE_ENTRY.env_value_force)
-)
-_PROFILE_DEFAULT = (
-    _PROFILE_ENTRY.default if _PROFILE_ENTRY.env_value_default is _UNSET else _PROFILE_ENTRY.env_value_default
-)
+_UNSET: Any = getattr(_config_module, "_UNSET_SENTINEL", object())
+_PROFILE_OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("_custom_ops_profile_unread", default=_UNSET)
+_PROFILE_DEFAULT: Any = None
+if _BACKEND_OFF is None:  # else the entry is read by nobody: backend ops bypass
+    _PROFILE_ENTRY = torch._dynamo.config._config["_custom_ops_profile"]  # type: ignore[attr-defined]
+    _PROFILE_OVERRIDE = (
+        _PROFILE_ENTRY.user_override
+        if _PROFILE_ENTRY.env_value_force is _UNSET
+        else contextvars.ContextVar("_custom_ops_profile_forced", default=_PROFILE_ENTRY.env_value_force)
+    )
+    _PROFILE_DEFAULT = (
+        _PROFILE_ENTRY.default if _PROFILE_ENTRY.env_value_default is _UNSET else _PROFILE_ENTRY.env_value_default
+    )
 
 
 def custom_ops_profile() -> Any:

@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _Dis
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from torch_cachepolicy import _native
-from torch_cachepolicy._compat import SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS
+from torch_cachepolicy._compat import SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS, Feature, off
 from torch_cachepolicy.report import KeyStats
 
 # Exact types of the values the builder encodes as torch does, (type(value),
@@ -39,19 +39,46 @@ PLAIN_TYPES: frozenset[type] = frozenset(
 # Whether every built key (and every synthesized hit, _synth) is compared with torch's.
 SELF_CHECK_ENV = "TORCH_CACHEPOLICY_SELF_CHECK"
 SELF_CHECK: bool = os.environ.get(SELF_CHECK_ENV, "") not in ("", "0")
-# The fallback reason of every key when torch_cachepolicy._C is not loaded.
+# The fallback reason of every key when torch_cachepolicy._C is not loaded (or a changed internal switched it off).
 NO_BUILDER = "no C++ key builder"
+
+
+def torch_key_of(value: object) -> object:
+    """What torch's key holds for the plain ``value`` after its type, read off torch's own code; None if that is
+    not one value."""
+    out: list[object] = []
+    # (tuple, "length_1", then what it makes of the value); the branch for a plain value reads neither the mode nor
+    # the state.
+    _ft.FakeTensorMode._prep_args_for_hash(None, out, (value,), None, [])  # type: ignore[arg-type]
+    return out[3] if len(out) == 4 and out[2] is type(value) else None
+
+
+def _keyed_as_given(value: object) -> bool:
+    try:
+        keyed = torch_key_of(value)
+    except Exception:
+        return False
+    return type(keyed) is type(value) and str(keyed) == str(value)
+
+
+# Plain types whose values torch's key transforms (torch 2.15 keys an index-less device as its resolved index):
+# the builder asks torch_key_of, that is torch, for each such argument.
+TORCH_KEYED_TYPES: frozenset[type] = frozenset(
+    t for t, probe in ((torch.device, torch.device("cuda")),) if not _keyed_as_given(probe)
+)
 
 
 def _make_builder() -> Any:
     key_builder = _native.function("KeyBuilder")
-    if key_builder is None:
+    if key_builder is None or off(Feature.KEY_BUILDER) is not None:
         return None
     return key_builder(
         {
             "fake_type": FakeTensor,
             "size_type": torch.Size,
             "plain_types": PLAIN_TYPES,
+            "torch_keyed_types": TORCH_KEYED_TYPES,
+            "torch_key_of": torch_key_of,
             "sym_types": (SymInt, SymBool, SymFloat),
             "strided": torch.strided,
             "contiguous_format": torch.contiguous_format,

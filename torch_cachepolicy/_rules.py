@@ -12,7 +12,6 @@ from torch._higher_order_ops.utils import registered_hop_fake_fns
 from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 
-from torch_cachepolicy._compat import STOCK_DISPATCH_KNOWN
 from torch_cachepolicy._deps import record_rule
 from torch_cachepolicy._state import CacheState
 
@@ -75,8 +74,9 @@ def dispatch(
     # stock's dispatch only calls _cached_dispatch_impl, after a no_dispatch()
     # context manager around a log call that logs nothing. Calling it directly
     # saves 15-20% of an aten hit and ~5% of a backend one (docs/performance.md);
-    # only while stock's dispatch uses the names it uses on 2.13/2.14.
-    if route is not None and route.direct and STOCK_DISPATCH_KNOWN and mode.cache_enabled and not _debug_logging():
+    # only while stock's dispatch uses the names it uses on 2.13-2.15
+    # (route.direct is False otherwise: _compat.STOCK_DISPATCH_KNOWN).
+    if route is not None and route.direct and mode.cache_enabled and not _debug_logging():
         return mode._cached_dispatch_impl(func, types, args, kwargs or {})
     return _StockMode.dispatch(mode, func, types, args, kwargs)
 

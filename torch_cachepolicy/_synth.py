@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
-from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 from torch._subclasses._fake_tensor_utils import _CacheKeyState, _PySymInputStub, _SymIntOutputStub
 from torch._subclasses.fake_tensor import (
@@ -25,12 +24,14 @@ from torch._subclasses.fake_tensor import (
 )
 
 from torch_cachepolicy import _native
-from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN
+from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYNTHESIS_TAKES_FUNC, Feature, off
 from torch_cachepolicy._key import SELF_CHECK, SELF_CHECK_ENV
 from torch_cachepolicy._verify import describe, first_difference
 
-# csrc/synth.cpp; fetched once because every plain hit calls them.
-_meta_empty_strided = _native.function("meta_empty_strided")
+# csrc/synth.cpp; fetched once because every plain hit calls them. None (torch's synthesis for every hit) without
+# the extension, or where a changed internal switched hits without dispatch off.
+_HIT_BUILDER_OFF = off(Feature.HIT_BUILDER)
+_meta_empty_strided = _native.function("meta_empty_strided") if _HIT_BUILDER_OFF is None else None
 _meta_view_of = _native.function("meta_view_of")
 _meta_template = _native.function("meta_template")
 _meta_fresh_like = _native.function("meta_fresh_like")
@@ -189,7 +190,7 @@ def _ints(values: object) -> bool:
     return type(values) is tuple and all(type(v) is int for v in values)
 
 
-def _step(info: _DispatchCacheEntryOutputInfo, view_op: bool) -> _Step | None:
+def _step(info: _DispatchCacheEntryOutputInfo) -> _Step | None:
     m = info.metadata
     if info.inplace_idx is not None:
         return _InPlace(info.inplace_idx)
@@ -206,8 +207,9 @@ def _step(info: _DispatchCacheEntryOutputInfo, view_op: bool) -> _Step | None:
         or type(m.device) is not torch.device
     ):
         return None
-    # As torch: a view only for a schema view op; set_ on a leaf that requires grad is autograd's (torch's path).
-    if info.view_idx is not None and (not view_op or m.requires_grad):
+    # A view is an entry with a view_idx, as torch 2.15 decides (2.13 and 2.14 set one exactly for schema view ops,
+    # which is what they ask); set_ on a leaf that requires grad is autograd's (torch's path).
+    if info.view_idx is not None and m.requires_grad:
         return None
     if not (_ints(m.shape) and _ints(m.stride)):
         # Note [Traced graphs are stock's]
@@ -227,14 +229,13 @@ def _step(info: _DispatchCacheEntryOutputInfo, view_op: bool) -> _Step | None:
     return _ViewOf(info.view_idx, cast(Any, m.shape), cast(Any, m.stride), m.storage_offset, m.dtype, m.device)
 
 
-def output_plan(entry: _DispatchCacheValidEntry, func: object = None) -> Plan | None:
-    """How to rebuild ``entry``'s output for ``func`` without dispatch, or ``None`` if it cannot be."""
+def output_plan(entry: _DispatchCacheValidEntry) -> Plan | None:
+    """How to rebuild ``entry``'s output without dispatch, or ``None`` if it cannot be."""
     if _meta_empty_strided is None:
         return None
-    view_op = isinstance(func, OpOverload) and func.is_view
     steps = []
     for info in entry.output_infos:
-        step = _step(info, view_op)
+        step = _step(info)
         if step is None:
             return None
         steps.append(step)
@@ -301,7 +302,7 @@ class FakeTensors:
         self.bases.clear()
 
 
-_torch_synthesis = _ft.FakeTensorMode._output_from_cache_entry
+_torch_synthesis: Any = _ft.FakeTensorMode._output_from_cache_entry
 
 
 def _torch_output(
@@ -309,11 +310,13 @@ def _torch_output(
     state: _CacheKeyState,
     entry: _DispatchCacheValidEntry,
     key: _DispatchCacheKey,
-    func: Any,
     args: Sequence[object],
 ) -> Any:
     """torch's synthesis, with a bare SymInt output rebuilt from its stub (:func:`stub_symint_output`)."""
-    output: Any = _torch_synthesis(mode, state, entry, key, func, args)
+    if SYNTHESIS_TAKES_FUNC:
+        output: Any = _torch_synthesis(mode, state, entry, key, key.key[0], args)
+    else:
+        output = _torch_synthesis(mode, state, entry, key, args)
     if type(output) is _SymIntOutputStub:
         # Stubs are made only for entries kept on a ShapeEnv, which a hit's state has.
         return output.extract(key, state.shape_env)  # type: ignore[arg-type]
@@ -353,13 +356,16 @@ class Synthesizer:
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # Plain entries' hits are built by a Plan, the rest by torch's _output_from_cache_entry. Hits, miss-time
     # verification and crosscheck all call output(): each entry is checked, on its miss, by the function hits use.
+    # torch's _make_cache_entry checks it too, on a copy of the entry it then drops: while it runs (`transient`)
+    # the plan is built for the check and not memoized, so a miss leaves one plan, for the entry it stores.
 
-    __slots__ = ("fakes", "plans")
+    __slots__ = ("fakes", "plans", "transient")
 
     def __init__(self) -> None:
         # id(entry) -> (entry, plan); holding the entry keeps its id from naming another.
         self.plans: dict[int, tuple[object, Plan | None]] = {}
         self.fakes = FakeTensors()
+        self.transient = False
 
     def output(
         self,
@@ -367,30 +373,31 @@ class Synthesizer:
         state: _CacheKeyState,
         entry: _DispatchCacheValidEntry,
         key: _DispatchCacheKey,
-        func: Any,
         args: Sequence[object],
     ) -> Any:
-        """The output of a hit on ``entry`` for this call, made for ``mode``."""
+        """The output of a hit on ``entry`` for this call (whose op is ``key``'s first item), made for ``mode``."""
         if _meta_empty_strided is None:
-            return _torch_output(mode, state, entry, key, func, args)
+            return _torch_output(mode, state, entry, key, args)
         planned = self.plans.get(id(entry))
         if planned is None or planned[0] is not entry:
-            # Bounded: torch calls this on entries it drops after each miss, and its storage may drop ours.
-            if len(self.plans) >= _MAX_PLANS:
-                self.plans.clear()
-            planned = self.plans[id(entry)] = (entry, output_plan(entry, func))
+            planned = (entry, output_plan(entry))
+            if not self.transient:
+                # Bounded: torch's storage may drop entries whose plans we keep.
+                if len(self.plans) >= _MAX_PLANS:
+                    self.plans.clear()
+                self.plans[id(entry)] = planned
         plan = planned[1]
         if plan is not None:
             if plan.pending:
-                first = _torch_output(mode, state, entry, key, func, args)
+                first = _torch_output(mode, state, entry, key, args)
                 plan.fill_templates(first)
                 return first
             output = plan.build(mode, args, self.fakes.make, key, state.shape_env)
             if output is not TORCH_PATH:
                 if SELF_CHECK:
-                    _check_against_torch(output, _torch_output(mode, state, entry, key, func, args), func, args)
+                    _check_against_torch(output, _torch_output(mode, state, entry, key, args), key.key[0], args)
                 return output
-        return _torch_output(mode, state, entry, key, func, args)
+        return _torch_output(mode, state, entry, key, args)
 
     def __len__(self) -> int:
         """The number of entries with a memoized plan."""

@@ -21,8 +21,10 @@ from torch._subclasses import fake_tensor as _ft
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import _BypassDispatchCache
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from torch_cachepolicy import _reasons
+from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
 from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -309,7 +311,11 @@ def verify_entry(
     """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
     entry on the miss that creates it])."""
     try:
-        rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
+        # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
+        if SYNTHESIS_TAKES_FUNC:
+            rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
+        else:
+            rebuilt = mode._output_from_cache_entry(state, entry, key, args)
     except _BypassDispatchCache:
         raise
     except Exception as e:
@@ -344,7 +350,8 @@ def crosscheck(
     # Describe the hit before the rerun, which may change the inputs.
     hit = describe(output, args, kwargs)
     snapshot = InputSnapshot(args, kwargs)
-    with _ft.disable_fake_tensor_cache(mode):
+    # Proxy tracing off, as torch 2.15's own crosscheck: the rerun must not add nodes to a graph being traced.
+    with _ft.disable_fake_tensor_cache(mode), disable_proxy_modes_tracing():
         try:
             expected = mode._dispatch_impl(func, types, args, kwargs)
         except Exception as e:

@@ -24,7 +24,8 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torch_cachepolicy._arguments import check_cache_arguments
+from torch_cachepolicy._arguments import check_cache_arguments, check_feature
+from torch_cachepolicy._compat import Feature
 from torch_cachepolicy._fakes import is_fake_tensor
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
@@ -81,7 +82,9 @@ def adopt(
         TypeError: an argument has the wrong type or names no ``FakeTensorMode`` argument.
         ValueError: no FakeTensor, several modes, or ``cache_store``/``mode_kwargs`` that contradict an adopted mode.
             The program is unchanged on any error.
+        RuntimeError: this torch changed an internal the function needs (Note [Checking torch's internals]).
     """
+    check_feature(_API, Feature.EXPORT)
     gm = _graph_module(program)
     check_cache_arguments("torch_cachepolicy.adopt", cache_policy, cache_store, mode_kwargs.get("cache_crosscheck"))
     unknown = sorted(set(mode_kwargs) - _MODE_KWARGS)

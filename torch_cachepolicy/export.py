@@ -26,7 +26,8 @@ from torch.export import ExportedProgram
 from torch.export._trace import _is_bogus_const_name
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from torch_cachepolicy._arguments import check_cache_arguments
+from torch_cachepolicy._arguments import check_cache_arguments, check_feature
+from torch_cachepolicy._compat import Feature
 from torch_cachepolicy._fakes import is_fake_tensor
 from torch_cachepolicy.mode import FakeTensorMode
 from torch_cachepolicy.policy import CachePolicy
@@ -71,8 +72,10 @@ def export(
         TypeError: an argument has the wrong type or names no argument of ``torch.export.export``.
         ValueError: ``strict=True`` (Dynamo creates its own FakeTensorMode).
         RuntimeError: a ``torch._guards.TracingContext`` is active, or export lifted a FakeTensor
-            constant under ``error_on_lifted_constant_tensors`` (as torch raises).
+            constant under ``error_on_lifted_constant_tensors`` (as torch raises), or this torch changed an
+            internal the function needs (Note [Checking torch's internals]).
     """
+    check_feature(_API, Feature.EXPORT)
     check_cache_arguments("torch_cachepolicy.export", cache_policy, cache_store, cache_crosscheck)
     unknown = sorted(set(export_kwargs) - _EXPORT_KEYWORDS)
     if unknown:

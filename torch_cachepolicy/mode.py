@@ -26,6 +26,7 @@ from typing_extensions import override
 from torch_cachepolicy import _driver, _reasons, _rules
 from torch_cachepolicy._arguments import check_cache_arguments, check_policy
 from torch_cachepolicy._class_api import also_on_the_class, class_cache_clear, class_cache_info, track
+from torch_cachepolicy._compat import Feature, off
 from torch_cachepolicy._routes import POLICY
 from torch_cachepolicy._state import CacheState
 from torch_cachepolicy._verify import CrosscheckError
@@ -37,6 +38,9 @@ __all__ = ["CrosscheckError", "FakeTensorMode"]
 
 _StockMode = _ft.FakeTensorMode
 _NO_KWARGS: Mapping[str, object] = {}
+# Why this torch gets stock's cache rather than the policy's (a changed internal: Note [Checking torch's
+# internals]), or None.
+_CACHE_OFF = off(Feature.CACHE)
 
 
 class FakeTensorMode(_StockMode):
@@ -170,19 +174,24 @@ class FakeTensorMode(_StockMode):
         args: Sequence[object],
         kwargs: Mapping[str, object],
     ) -> object:
+        if _CACHE_OFF is not None:
+            _driver.log.debug("stock cache for %s: %s", func, _CACHE_OFF)
+            return super()._cached_dispatch_impl(func, types, args, kwargs)
         return _driver.cached_dispatch(self, self._cache, func, types, args, kwargs)
 
     @override
-    def _output_from_cache_entry(
+    def _output_from_cache_entry(  # type: ignore[override]
         self,
         state: _CacheKeyState,
         entry: _DispatchCacheValidEntry,
         key: _DispatchCacheKey,
-        func: OpOverload,
-        args: Sequence[object],
+        *func_args: Any,
     ) -> Any:
-        # See Note [One synthesis for hits and their verification].
-        return self._cache.synth.output(self, state, entry, key, func, args)
+        # torch 2.13 and 2.14 pass (func, args), 2.15 passes (args) (_compat.SYNTHESIS_TAKES_FUNC); the func is
+        # the key's first item either way. See Note [One synthesis for hits and their verification].
+        if _CACHE_OFF is not None:
+            return super()._output_from_cache_entry(state, entry, key, *func_args)
+        return self._cache.synth.output(self, state, entry, key, func_args[-1])
 
     @override
     def _validate_cache_key(
@@ -196,7 +205,7 @@ class FakeTensorMode(_StockMode):
         try:
             super()._validate_cache_key(func, args, kwargs)
         except _BypassDispatchCache as e:
-            route = self._cache.routes.get(func)
+            route = None if _CACHE_OFF is not None else self._cache.routes.get(func)
             if e.reason != _reasons.NON_BUILTIN or route is None or route.kind is not POLICY:
                 raise
 
