@@ -1,9 +1,14 @@
 """The cost of a first pass: a graph whose every dispatch is a cache miss, stock vs a policy mode.
 
-Run ``python -m benchmarks.allmiss [--rounds N] [--layers N] [--json PATH]`` from the repository root.
+Run ``python -m benchmarks.allmiss [--rounds N] [--layers N] [--shape distinct|exporter] [--json PATH]`` from the
+repository root.
 
 The program is ``--layers`` linear layers of distinct widths, each input passed through a
-``quantized_decomposed`` quantize/dequantize pair with a scale of its own, so no two dispatches share a key.
+``quantized_decomposed`` quantize/dequantize pair. ``--shape distinct`` (the default) dispatches
+``aten.linear``/``aten.relu`` directly on tensors made inside the mode, each Q/DQ pair with a scale of its own, so
+no two dispatches share a key. ``--shape exporter`` is a first pass shaped like an exporter's: an
+``fx.Interpreter`` over the traced module (``F.linear``, whose composite kernel dispatches ``t`` and ``addmm``),
+its input and parameters made with ``from_tensor`` before the pass, Q/DQ at one scale.
 Each round runs it once, in a fresh mode per configuration, after ``FakeTensorMode.cache_clear()`` (a policy
 mode writes aten entries into torch's storage, as stock does, so they would otherwise hit):
 
@@ -18,10 +23,11 @@ round's process-CPU ratio to ``stock``. Every run's dispatches must all miss (or
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -65,6 +71,55 @@ def _program(layers: int) -> Callable[[_ft.FakeTensorMode], None]:
     return run
 
 
+class _Layers(torch.nn.Module):
+    def __init__(self, widths: list[int]) -> None:
+        super().__init__()
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quantize, dequantize = _ops()
+        for linear in self.linears:
+            x = dequantize(quantize(x, 0.02, 0, -128, 127, torch.int8), 0.02, 0, -128, 127, torch.int8)
+            x = torch.relu(linear(x))
+        return x
+
+
+class _Inlining(torch.fx.Tracer):
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return False  # trace into Linear: its parameters become get_attr nodes
+
+
+class _Replay(torch.fx.Interpreter):
+    """Runs a traced module with its parameters taken from ``params`` (FakeTensors of the mode)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, params: Mapping[str, torch.Tensor]) -> None:
+        super().__init__(gm)
+        self.params = params
+
+    def fetch_attr(self, target: str) -> object:
+        return self.params[target]
+
+
+def _exporter_program(layers: int) -> Callable[[_ft.FakeTensorMode], Callable[[], None]]:
+    """One pass of an fx.Interpreter over the traced module, inputs and parameters made with from_tensor first."""
+    module = _Layers(_widths(layers))
+    gm = torch.fx.GraphModule(module, _Inlining().trace(module))
+    params = dict(gm.named_parameters())
+    x = torch.randn(8, _widths(layers)[0])
+
+    def setup(mode: _ft.FakeTensorMode) -> Callable[[], None]:
+        fakes = {name: mode.from_tensor(p) for name, p in params.items()}
+        fake_x = mode.from_tensor(x)
+
+        def run() -> None:
+            with mode:
+                _Replay(gm, fakes).run(fake_x)
+
+        return run
+
+    return setup
+
+
 def _make(config: str) -> _ft.FakeTensorMode:
     if config == "stock":
         return _ft.FakeTensorMode()
@@ -78,20 +133,22 @@ def _hits(mode: _ft.FakeTensorMode) -> int:
     return 0  # stock's counters are class-global; its hits are counted by the caller
 
 
-def run(rounds: int, layers: int) -> dict[str, object]:
+def run(rounds: int, layers: int, shape: str = "distinct") -> dict[str, object]:
     """Times ``rounds`` rounds; returns the per-configuration CPU seconds and the median ratios to stock."""
     program = _program(layers)
+    exporter = _exporter_program(layers) if shape == "exporter" else None
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     for r in range(rounds + 1):  # round 0 warms up and is discarded
         order = CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]
         for config in order:
             _ft.FakeTensorMode.cache_clear()
             mode = _make(config)
+            one_pass = exporter(mode) if exporter is not None else functools.partial(program, mode)
             stock_hits = _ft.FakeTensorMode.cache_hits
             with timed() as t:
-                program(mode)
+                one_pass()
             hits = _hits(mode) + (_ft.FakeTensorMode.cache_hits - stock_hits)
-            if hits:
+            if hits and exporter is None:
                 raise RuntimeError(f"benchmarks.allmiss: {config} hit {hits} times; every dispatch must miss")
             if r:
                 times[config].append(t.cpu_seconds)
@@ -101,6 +158,7 @@ def run(rounds: int, layers: int) -> dict[str, object]:
     return {
         "rounds": rounds,
         "layers": layers,
+        "shape": shape,
         "cpu_seconds_median": {c: statistics.median(v) for c, v in times.items()},
         "ratio_to_stock_median": ratios,
     }
@@ -110,11 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.allmiss", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--layers", type=int, default=96)
+    parser.add_argument("--shape", choices=("distinct", "exporter"), default="distinct")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.layers < 1:
         parser.error("--rounds and --layers must be at least 1")
-    result = run(args.rounds, args.layers)
+    result = run(args.rounds, args.layers, args.shape)
     ratios: dict[str, float] = result["ratio_to_stock_median"]  # type: ignore[assignment]
     seconds: dict[str, float] = result["cpu_seconds_median"]  # type: ignore[assignment]
     print("| configuration | CPU s (median) | / stock (median of rounds) |\n| --- | --- | --- |")

@@ -416,6 +416,23 @@ class TestAdoptErrors(TestCase):
         info = mode.cache_info()
         self.assertEqual(info.hits + info.misses, 1)
 
+    def test_old_mode_keeps_working(self) -> None:
+        """The old mode (an ExportPass made before adopt) converts its real tensors afresh and dispatches them."""
+        old = StockMode()
+        real = torch.randn(4, 8)
+        fake = old.from_tensor(real)
+        graph = torch.fx.Graph()
+        node = graph.placeholder("x")
+        node.meta["val"] = fake
+        graph.output(node)
+        mode = adopt(torch.fx.GraphModule(torch.nn.Module(), graph))
+        self.assertIs(fake.fake_mode, mode)
+        again = old.from_tensor(real)
+        self.assertIs(again.fake_mode, old)
+        with old:
+            self.assertEqual((again + 1).shape, (4, 8))
+        self.assertEqual(metadata(again), metadata(fake))
+
     def test_foreign_shape_env(self) -> None:
         """shape_env may only name the program's own ShapeEnv."""
         ep = export_mlp()

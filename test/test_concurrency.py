@@ -22,7 +22,7 @@ import cachepolicy_testing as testing
 import torch
 import torch._library.utils as library_utils
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
 
 import torch_cachepolicy as tcp
 
@@ -321,6 +321,61 @@ class TestConcurrency(TestCase):
             self.assertEqual(out, solo.outputs)
         self.assertEqual(len(store), len(solo.mode.cache_store))
 
+    @parametrize("clearing", [False, True])
+    def test_introspection_while_threads_make_modes_and_shape_envs(self, clearing: bool) -> None:
+        """Class-level and store-level cache_info/cache_clear/len never raise while other threads make modes (each
+        with a new ShapeEnv on one shared store) and dispatch; without clears each mode counts every dispatch."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        store = tcp.CacheStore()
+        errors: list[BaseException] = []
+        counted: list[int] = []
+        done = threading.Event()
+        dispatches = 3
+
+        def make_and_dispatch() -> None:
+            try:
+                for i in range(25):
+                    mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store, shape_env=ShapeEnv())
+                    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+                    x = mode.from_tensor(torch.empty(4 + i % 3, 8), symbolic_context=context)
+                    with mode:
+                        for _ in range(dispatches):
+                            q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+                    counted.append(mode.cache_report()[q_per_tensor].calls if mode.cache_report().ops else 0)
+            except BaseException as e:
+                errors.append(e)
+
+        def introspect() -> None:
+            try:
+                while not done.is_set():
+                    tcp.FakeTensorMode.cache_info()
+                    len(store)
+                    repr(store)
+                    if clearing:
+                        tcp.FakeTensorMode.cache_clear()
+                        store.clear()
+            except BaseException as e:
+                errors.append(e)
+
+        workers = [threading.Thread(target=make_and_dispatch) for _ in range(3)]
+        readers = [threading.Thread(target=introspect) for _ in range(2)]
+        with frequent_switches():
+            for t in readers + workers:
+                t.start()
+            for t in workers:
+                t.join()
+            done.set()
+            for t in readers:
+                t.join()
+        self.assertNoErrors(errors)
+        self.assertEqual(len(counted), 75)
+        if clearing:  # a clear between dispatches drops what the mode counted before it
+            self.assertTrue(all(0 <= n <= dispatches for n in counted), counted)
+        else:
+            self.assertEqual(set(counted), {dispatches})
+
+instantiate_parametrized_tests(TestConcurrency)
 
 if __name__ == "__main__":
     run_tests()

@@ -27,11 +27,13 @@ on identically built inputs (``test_kernel_zoo.describe_call``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import pathlib
 import pickle
 import random
 import re
+import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -582,6 +584,8 @@ class ZooFuzzer:
         self.log: list[str] = []
         self.calls = 0
         self.cleared_hits = 0
+        self.scope: str | None = None  # a guard-free ShapeEnv scope the calls run in ("guard scope" events)
+        self.thread_calls = 0  # calls still to run in a thread of their own ("thread" events)
         # A dozen behaviours per seed, the controls always among them, so calls repeat and hits happen.
         controls = [c for c in ZOO_CASES if c.min_hits]
         self.cases = controls + self.r.sample([c for c in ZOO_CASES if not c.min_hits], 10)
@@ -618,8 +622,16 @@ class ZooFuzzer:
         _FRESH_CONTEXT[0] = 0
 
     def event(self) -> None:
-        kind = self.r.choice(["ambient", "default dtype", "swap", "subgraphs", "deny", "clear", "fresh context"])
-        if kind == "fresh context":
+        kind = self.r.choice(
+            ["ambient", "default dtype", "swap", "subgraphs", "deny", "clear", "fresh context", "guard scope", "thread"]
+        )
+        if kind == "guard scope":
+            self.scope = self.r.choice([None, "suppress_guards", "error_on_new_guards"])
+            self.log.append(f"the next calls run in shape_env.{self.scope}()" if self.scope else "no guard scope")
+        elif kind == "thread":
+            self.thread_calls = self.r.randint(1, 4)
+            self.log.append(f"the next {self.thread_calls} calls run in a new thread, a reader thread beside them")
+        elif kind == "fresh context":
             _FRESH_CONTEXT[0] = self.r.randint(1, 8)
             self.log.append(f"the next {_FRESH_CONTEXT[0]} context_key() values never repeat")
         elif kind == "ambient":
@@ -650,12 +662,18 @@ class ZooFuzzer:
             self.log.append(f"new subgraph for {c.name}, AMBIENT -> float32")
 
     def call(self) -> None:
+        if self.thread_calls:
+            self.thread_calls -= 1
+            self.in_threads()
+            return
         m = self.r.choice(self.modes)
         c = self.r.choice(self.cases)
         i = self.r.randrange(len(c.steps))
         reuse = c.name in m.last and self.r.random() < 0.3
         self.log.append(f"mode {self.modes.index(m)}: {c.name} " + ("same inputs again" if reuse else f"build {i}"))
-        with m.mode:
+        shape_env = m.mode.shape_env
+        scope = contextlib.nullcontext() if self.scope is None or shape_env is None else getattr(shape_env, self.scope)()
+        with m.mode, scope:
             if not reuse:
                 m.last[c.name] = (c.build(m.env, i), c.build(m.env, i))
             cached, reference = m.last[c.name]
@@ -666,6 +684,36 @@ class ZooFuzzer:
         if why:
             raise AssertionError(f"{c.name}: {why}")
         self.calls += 1
+
+    def in_threads(self) -> None:
+        """One call in a new thread, while another reads the class's and the store's counts."""
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                self.call()
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                done.set()
+
+        def read() -> None:
+            try:
+                while not done.is_set():
+                    tcp.FakeTensorMode.cache_info()
+                    len(self.modes[0].mode.cache_store)
+                    self.modes[0].mode.cache_info()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=call), threading.Thread(target=read)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def run(self, steps: int) -> None:
         self.reset()

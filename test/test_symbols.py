@@ -60,6 +60,35 @@ def _doubles(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0] * 2)  # an output expression the entry stores itself
 
 
+@OPS.define("branches(Tensor x) -> Tensor")
+def _branches(x: torch.Tensor) -> torch.Tensor:
+    # A guard on its own symbol, or, where the ShapeEnv raises on a new guard, the fallback a probing pass takes.
+    try:
+        big = bool(x.shape[0] > 4)
+    except Exception:
+        return x.new_empty(1)
+    return x.new_empty(x.shape[0] + 1 if big else 1)
+
+
+@OPS.define("asks_then_guards(Tensor x) -> Tensor")
+def _asks_then_guards(x: torch.Tensor) -> torch.Tensor:
+    # Once the ShapeEnv knows x is even, a second guard refuses: a run with that knowledge raises.
+    if statically_known_true(x.shape[0] % 2 == 0):
+        raise ValueError("asked again after learning")
+    torch._check(x.shape[0] % 2 == 0)
+    return x.new_empty(x.shape[0] // 2)
+
+
+@OPS.define("allocates_once_taught(Tensor x) -> Tensor")
+def _allocates_once_taught(x: torch.Tensor) -> torch.Tensor:
+    # With what its first run taught, a run would allocate an unbacked size.
+    if statically_known_true(x.shape[0] > 2):
+        ctx = torch.library.get_ctx()
+        return x.new_empty(ctx.new_dynamic_size())
+    torch._check(x.shape[0] > 2)
+    return x.new_empty(x.shape[0])
+
+
 ne_guard = OPS.op("ne_guard")
 mod_guard = OPS.op("mod_guard")
 asks_range = OPS.op("asks_range")
@@ -120,12 +149,12 @@ class TestSymbols(TestCase):
 
         OPS.calls.clear()
         mode = self.run_sequence(sequence)
-        # The first run of mod_guard taught the ShapeEnv a fact about its symbol: its kernel ran once more at once
-        # (Note [What the kernel taught]), returned the same and taught nothing, so its entry serves the later calls.
-        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (1, 2))
+        # The first run of mod_guard taught the ShapeEnv a fact about its symbol, so the second call looks under the
+        # new knowledge and misses (it teaches nothing): its entry serves the third.
+        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (2, 1))
         # ne_guard's symbol learned mod_guard's fact between its second and third call: a miss, rightly.
         self.assertEqual((mode.cache_report()[ne_guard].misses, mode.cache_report()[ne_guard].hits), (2, 1))
-        self.assertEqual(OPS.calls["mod_guard"], 2 + 3)  # cached run: the miss and its rerun; uncached run: 3
+        self.assertEqual(OPS.calls["mod_guard"], 2 + 3)  # cached run: the two misses; uncached run: 3
 
     def test_a_kernel_that_answers_differently_once_taught_is_not_shared(self) -> None:
         """A kernel whose answer changes with what it taught the ShapeEnv keeps missing until it stops teaching."""
@@ -137,6 +166,68 @@ class TestSymbols(TestCase):
         mode = self.run_sequence(sequence)
         learns = OPS.op("learns")
         self.assertEqual((mode.cache_report()[learns].misses, mode.cache_report()[learns].hits), (2, 1))
+
+    @parametrize("scope", ["suppress_guards", "error_on_new_guards"])
+    def test_an_entry_made_where_guards_are_not_recorded_serves_no_call_where_they_are(self, scope: str) -> None:
+        """A miss inside a guard-free ShapeEnv scope (a probing pass) is not a hit outside it: the guard is recorded."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 8)
+            with mode:
+                with getattr(mode.shape_env, scope)():
+                    inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+                outside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+            return inside + outside
+
+        mode = self.run_sequence(sequence)
+        # Inside: a miss, then a hit; outside: a miss that records the guard, then a miss under that knowledge.
+        report = mode.cache_report()[OPS.op("branches")]
+        self.assertEqual((report.misses, report.hits), (3, 1))
+        self.assertEqual(len(mode.shape_env.guards), 1)  # recorded as by the uncached run (run_sequence compares them)
+
+    @parametrize("scope", ["suppress_guards", "error_on_new_guards", "frozen"])
+    def test_an_entry_made_where_guards_are_recorded_serves_guard_free_scopes(self, scope: str) -> None:
+        """Entries made while the ShapeEnv records guards serve calls inside a guard-free scope (export's frozen
+        ShapeEnv, a probing pass): such an entry stands for a run that asks no new guard."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 8)
+            with mode:
+                outside = [str(OPS.op("branches")(x).shape) for _ in range(3)]
+                shape_env = mode.shape_env
+                if scope == "frozen":
+                    shape_env.freeze()
+                    inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+                    shape_env.frozen = False
+                else:
+                    with getattr(shape_env, scope)():
+                        inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+            return outside + inside
+
+        mode = self.run_sequence(sequence)
+        report = mode.cache_report()[OPS.op("branches")]
+        self.assertEqual((report.misses, report.hits), (2, 3))
+
+    def test_no_second_run_of_a_kernel_that_taught(self) -> None:
+        """A kernel that taught the ShapeEnv is never run again for the caller's miss (it could raise there)."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 8)
+            with mode:
+                return [str(OPS.op("asks_then_guards")(x).shape)]
+
+        OPS.calls.clear()
+        self.run_sequence(sequence)
+        self.assertEqual(OPS.calls["asks_then_guards"], 2)  # once cached, once uncached
+
+    def test_no_symbols_left_pending_by_a_miss(self) -> None:
+        """A miss leaves no unbacked symbol the caller's output does not hold (export checks that none is pending)."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 8)
+            with mode:
+                out: list[object] = [str(OPS.op("allocates_once_taught")(x).shape)]
+            out.append(list(map(str, mode.shape_env.pending_fresh_unbacked_symbols)))
+            return out
+
+        mode = self.run_sequence(sequence)  # equal to the uncached run, which leaves none pending
+        self.assertEqual(mode.shape_env.pending_fresh_unbacked_symbols, [])
 
     def test_a_narrowed_range_is_seen(self) -> None:
         """A kernel asking what the ShapeEnv can prove answers afresh once the symbol's range narrows."""

@@ -769,6 +769,18 @@ class TestSynthHits(TestCase):
         self.assertEqual(mode.cache_report()[aten.relu.default].misses, 119)
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)
+    def test_one_plan_per_stored_entry(self) -> None:
+        """A miss leaves one plan, for the entry it stores; torch's check of its new entry (on a copy it drops)
+        keeps none."""
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
+        inputs = [mode.from_tensor(_t(n)) for n in range(1, 31)]
+        with mode:
+            for x in inputs:
+                aten.relu.default(x)
+        self.assertEqual(mode.cache_info().misses, 30)
+        self.assertEqual(len(mode._cache.synth), 30)
+
+    @unittest.skipIf(not HAS_FAST, NO_FAST)
     def test_meta_empty_strided_rejects_bad_input(self) -> None:
         """The C++ helper names itself and the fix for arguments a plan never passes."""
         fn = _synth._meta_empty_strided

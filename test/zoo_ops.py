@@ -26,6 +26,7 @@ Classes (``ZooCase.kind``):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import warnings
@@ -1582,6 +1583,86 @@ case(
     steps="FSSFS",
     actions={2: _learn_s0},
     reset=_ENVS.clear,
+)
+
+
+# Whether the ShapeEnv records guards is part of what it knows: a probing pass (inductor's error_on_new_guards, an
+# analysis under suppress_guards) makes entries that must not serve the calls after it.
+_SCOPE: list[str | None] = [None]
+
+
+@zoo_op("branches(Tensor x) -> Tensor")
+def _branches(x: torch.Tensor) -> torch.Tensor:
+    try:
+        big = bool(x.shape[0] > 4)  # a guard on its own symbol; raises where the ShapeEnv forbids new guards
+    except Exception:
+        return x.new_empty(1)
+    return x.new_empty(x.shape[0] + 1 if big else 1)
+
+
+def _in_scope(x: torch.Tensor) -> torch.Tensor:
+    scope = _SCOPE[0]
+    shape_env = x.fake_mode.shape_env  # type: ignore[attr-defined]
+    with contextlib.nullcontext() if scope is None or shape_env is None else getattr(shape_env, scope)():
+        return op("branches")(x)
+
+
+def _scope(name: str | None) -> Callable[[], None]:
+    def set_scope() -> None:
+        _SCOPE[0] = name
+
+    return set_scope
+
+
+case(
+    "branches_in_guard_scope",
+    8,
+    x1,
+    "branches on its symbolic size, falling back where the ShapeEnv raises on a new guard; called in such a scope, "
+    "then outside it",
+    op=op("branches"),
+    target=_in_scope,
+    symbolic=True,
+    steps="FSSSF",
+    actions={0: _scope("error_on_new_guards"), 2: _scope(None)},
+    reset=_scope(None),
+)
+
+
+# A kernel may evaluate another op outside the mode (meta tensors, a scratch mode): not an inner dispatch of the
+# entry, so re-registering that op's kernel is not seen (docs/guide.md); crosscheck catches the stale hit.
+@zoo_op("evaluated_inside(Tensor x) -> Tensor")
+def _evaluated_inside(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(2)
+
+
+@zoo_op("evaluates_outside(Tensor x) -> Tensor")
+def _evaluates_outside(x: torch.Tensor) -> torch.Tensor:
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        n = op("evaluated_inside")(torch.empty(3, device="meta")).shape[0]
+    return x.new_empty(n)
+
+
+def _register_inside(n: int) -> Callable[[], None]:
+    def register() -> None:
+        torch.library.register_fake(
+            f"{NS}::evaluated_inside", lambda x: x.new_empty(n), lib=lib, allow_override=True
+        )
+
+    return register
+
+
+case(
+    "evaluates_outside",
+    6,
+    x1,
+    "evaluates another op on meta tensors outside the mode; that op's kernel is re-registered between calls",
+    steps="FSFS",
+    actions={2: _register_inside(5)},
+    reset=_register_inside(2),
+    limit="an op a kernel evaluates outside the mode is not a tracked dependency (docs/guide.md)",
+    limit_crosscheck=(False,),
+    caught_by_crosscheck=True,
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -24,11 +25,14 @@ _StockMode = _ft.FakeTensorMode
 # asked for it by name) and clears every live policy mode. Nothing else of the
 # package touches torch's class-wide state.
 _LIVE_MODES: weakref.WeakSet[Any] = weakref.WeakSet()
+# Modes are made in any thread: a WeakSet another thread adds to cannot be iterated.
+_LIVE_MODES_LOCK = threading.RLock()
 
 
 def track(mode: object) -> None:
     """Counts ``mode`` among the live policy modes the class-level calls reach."""
-    _LIVE_MODES.add(mode)
+    with _LIVE_MODES_LOCK:
+        _LIVE_MODES.add(mode)
 
 
 class _AlsoOnTheClass:
@@ -55,7 +59,9 @@ def also_on_the_class(on_class: Callable[..., Any]) -> Callable[[_F], _F]:
 
 
 def _live(cls: type) -> list[Any]:
-    return [m for m in list(_LIVE_MODES) if isinstance(m, cls)]
+    with _LIVE_MODES_LOCK:
+        modes = list(_LIVE_MODES)
+    return [m for m in modes if isinstance(m, cls)]
 
 
 def class_cache_info(cls: type) -> DispatchCacheInfo:

@@ -229,7 +229,12 @@ def _check_shape_env_counters(cls: Any) -> str | None:
         counters = [getattr(env, name) for name in _SHAPE_ENV_COUNTERS]
     except (AttributeError, TypeError) as e:
         return f"instances lack an attribute _verify.shape_env_state reads ({e})"
-    return None if all(isinstance(v, int) for v in (*sizes, *counters)) else "has a non-int counter"
+    if not all(isinstance(v, int) for v in (*sizes, *counters)):
+        return "has a non-int counter"
+    # What _symbols.knowledge reads of whether the ShapeEnv records guards.
+    if not (isinstance(getattr(env, "frozen", None), bool) and isinstance(getattr(env, "_error_on_new_guards", None), bool)):
+        return "instances lack the bools frozen and _error_on_new_guards"
+    return None
 
 
 def _check_python_key_table(cls: Any) -> str | None:
@@ -291,6 +296,8 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, "FakeTensor.__new__", _EXPORT, refers_to=("fake_mode",)),
     _Internal(_FT, f"{_MODE}.cache", check=_is_type(dict)),
     _Internal(_FT, "FakeTensorConverter.__init__", _EXPORT, keywords=("export",), refers_to=("export",)),
+    # adopt() drops moved values from the old mode's memo of converted tensors.
+    _Internal(_FT, "FakeTensorConverter._get_memo", _EXPORT, refers_to=("tensor_memo",)),
     # The cache's data types.
     _Internal(_FT, "_DispatchCacheKey", params=("tup",), check=_check_cache_key),
     _Internal(_FT, "_DispatchCacheKey.strip_shape_env", params=("self",)),
@@ -378,6 +385,8 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._decomp", "meta_table", _BACKEND, check=_is_type(dict)),
     _Internal("torch._ops", "OperatorBase.__init__", _RULES, refers_to=("py_kernels", "python_key_table")),
     _Internal("torch._library.custom_ops", "CustomOpDef.register_fake", _BACKEND, refers_to=("_abstract_fn",)),
+    # Whether the ShapeEnv records guards (Note [What the ShapeEnv knows]).
+    _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv._suppress_guards_tls", _BACKEND, params=()),
     # Bumped whenever the ShapeEnv learns something (Note [What the ShapeEnv knows]).
     _Internal(
         "torch.fx.experimental.symbolic_shapes", "ShapeEnv._update_version_counter", _BACKEND, params=("self",),

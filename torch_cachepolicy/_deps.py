@@ -30,14 +30,34 @@ class Frame:
         self.deps: dict[Route, Hashable] = {}
 
 
-class Dependent:
-    """An entry whose kernel dispatched backend ops: valid while they are unchanged."""
+# How many Dependents one key keeps (made under different values of its dependencies: an inner op's context that
+# alternates); the oldest goes first.
+_MAX_VARIANTS = 8
 
-    __slots__ = ("deps", "entry")
+
+class Dependent:
+    """An entry whose kernel dispatched backend ops: valid while they are unchanged.
+
+    ``previous``: the key's entry made under other values of the dependencies, tried in turn (a chain of at most
+    ``_MAX_VARIANTS``).
+    """
+
+    __slots__ = ("deps", "entry", "previous")
 
     def __init__(self, entry: _DispatchCacheValidEntry, deps: tuple[tuple[Route, Hashable], ...]) -> None:
         self.entry = entry
         self.deps = deps
+        self.previous: Dependent | None = None
+
+    def chain(self, older: object) -> Dependent:
+        """This entry, keeping ``older`` (the key's entry it replaces, if a Dependent) as a variant to try after it."""
+        if type(older) is Dependent:
+            self.previous = older
+            tail, n = older, 2
+            while tail.previous is not None and n < _MAX_VARIANTS:
+                tail, n = tail.previous, n + 1
+            tail.previous = None
+        return self
 
 
 class Frames:
@@ -89,6 +109,15 @@ class Frames:
         """Taints every open frame of this thread."""
         for frame in self.stack():
             frame.tainted = True
+
+    def valid_entry(self, entry: Dependent, current: Callable[[Route], Hashable]) -> _DispatchCacheValidEntry | None:
+        """The entry of the first variant of ``entry`` whose dependencies keep their values (see still_valid)."""
+        variant: Dependent | None = entry
+        while variant is not None:
+            if self.still_valid(variant, current):
+                return variant.entry
+            variant = variant.previous
+        return None
 
     def still_valid(self, entry: Dependent, current: Callable[[Route], Hashable]) -> bool:
         """Whether ``entry``'s dependencies keep their values; if so, they pass on to this thread's open frames."""

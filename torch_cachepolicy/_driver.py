@@ -27,7 +27,7 @@ from torch_cachepolicy._key_extension import check_visible, extend_key
 from torch_cachepolicy._names import unhashable_context
 from torch_cachepolicy._routes import BYPASS, HOP, POLICY, STOCK, Route
 from torch_cachepolicy._state import CacheState
-from torch_cachepolicy._symbols import check_own_symbols, knowledge
+from torch_cachepolicy._symbols import check_own_symbols, knowledge, recording
 from torch_cachepolicy._synth import stub_symint_output
 from torch_cachepolicy._verify import (
     ALL_FIELDS,
@@ -36,8 +36,6 @@ from torch_cachepolicy._verify import (
     check_backend_op,
     check_backend_output,
     crosscheck,
-    describe,
-    first_difference,
     shape_env_state,
     verify_entry,
 )
@@ -101,8 +99,11 @@ def cached_dispatch(
         return mode._dispatch_impl(func, types, args, kwargs)
 
     entry: Any = table.get(key)
+    if entry is None and shape_env is not None and kind is not STOCK and recording(shape_env) is not None:
+        # A guard-free scope (Note [What the ShapeEnv knows]): entries made where guards are recorded serve too.
+        entry = _table(state, route, table_key, key_state, shape_env, as_recording=True).get(key)
     if type(entry) is Dependent:
-        entry = entry.entry if state.frames.still_valid(entry, lambda r: current_table_key(mode, state, r)) else None
+        entry = state.frames.valid_entry(entry, lambda r: current_table_key(mode, state, r))
     elif isinstance(entry, _DispatchCacheBypassEntry):
         stats.bypass(entry.reason)
         if kind is POLICY or entry.reason == _reasons.RUNS_EXCLUDED:
@@ -141,12 +142,16 @@ def _before_key(
     return table_key
 
 
-def _table(state: CacheState, route: Route, table_key: Hashable, key_state: _CacheKeyState, shape_env: Any) -> Any:
-    """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
+def _table(
+    state: CacheState, route: Route, table_key: Hashable, key_state: _CacheKeyState, shape_env: Any,
+    as_recording: bool = False,
+) -> Any:
+    """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows]:
+    ``as_recording``, where they would if the ShapeEnv recorded guards)."""
     if route.kind is POLICY:
         where = table_key
         if shape_env is not None:
-            where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols)
+            where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols, as_recording)
         try:
             if route.deps.uses_context:  # type: ignore[union-attr]
                 _check_context(route, table_key[0])  # type: ignore[index]
@@ -156,7 +161,7 @@ def _table(state: CacheState, route: Route, table_key: Hashable, key_state: _Cac
         except Exception as e:  # a user's __hash__ or __eq__ may raise anything
             raise unhashable_context(route.func, table_key[0], e) from None  # type: ignore[index]
     if route.private or state.isolated:
-        return _private_table(state, route, shape_env, key_state)
+        return _private_table(state, route, shape_env, key_state, as_recording)
     if shape_env is not None:
         return shape_env.fake_tensor_cache
     return _StockMode.cache
@@ -173,14 +178,16 @@ def _check_context(route: Route, context: object) -> None:
         seen.add(context)
 
 
-def _private_table(state: CacheState, route: Route, shape_env: Any, key_state: _CacheKeyState) -> Table:
+def _private_table(
+    state: CacheState, route: Route, shape_env: Any, key_state: _CacheKeyState, as_recording: bool = False
+) -> Table:
     if route.kind is not HOP:
         return state.partition.table(_STOCK_TABLE, shape_env)
     # A HOP's entry replays its subgraph's ops: its sub-table holds whether the Python dispatcher (preferring
     # py_impl kernels) is on and, with symbols, what the ShapeEnv knows. The policy's context is not asked here:
     # the inner ops that read it record it as a dependency (Note [Entries cover inner ops]), so a hook that
     # only works inside its backend's lowering is asked only by that backend's ops.
-    known = None if shape_env is None else knowledge(shape_env, key_state.known_symbols)
+    known = None if shape_env is None else knowledge(shape_env, key_state.known_symbols, as_recording)
     return state.partition.table((_HOP_TABLE, known, _tls_key_included(_PYTHON_DISPATCHER)), shape_env)
 
 
@@ -247,10 +254,6 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
         # or dependencies: the op's entries now stay in our store (Note [Entries that must reproduce aliasing]).
         state.keep_private(route)
         tables = [_private_table(state, route, call.shape_env, call.key_state)]
-    if call.shape_env is not None and route.kind is not STOCK and not isinstance(entry, _DispatchCacheBypassEntry):
-        taught = _table(state, route, call.table_key, call.key_state, call.shape_env)
-        if taught is not tables[0] and _same_when_rerun(mode, state, route, call, output, taught):
-            tables.append(taught)
     _store(state, route, call, entry, tables)
     return output
 
@@ -300,31 +303,15 @@ def _verify(
     return None
 
 
-def _same_when_rerun(mode: Any, state: CacheState, route: Route, call: _Call, output: object, taught: Any) -> bool:
-    """Whether the kernel, run again with what its first run taught the ShapeEnv, returns the same and teaches nothing."""
-    # Note [What the kernel taught]
-    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # Entries are filed under what the ShapeEnv knew before the kernel ran (Note [What the ShapeEnv knows]).
-    # A kernel guarding on its own symbols changes that, so later calls would look elsewhere and miss again. So it
-    # runs twice: if the rerun returns an equal output (metadata, symbols by expression, aliasing) and teaches
-    # nothing, the entry is filed under the new knowledge too. Every hit stands for a run that teaches nothing.
-    snapshot = InputSnapshot(call.args, call.kwargs)
-    again, frame = _run(mode, state, route, call)
-    if frame.tainted or snapshot.changed() is not None:
-        return False
-    if _table(state, route, call.table_key, call.key_state, call.shape_env) is not taught:
-        return False
-    return first_difference(describe(again, call.args, call.kwargs), describe(output, call.args, call.kwargs)) is None
-
-
 def _store(state: CacheState, route: Route, call: _Call, entry: _Entry, tables: list[Any]) -> None:
     key = call.key
     if call.shape_env is not None:
         # Entries must not keep a ShapeEnv alive (torch does the same).
         key.strip_shape_env()
     for table in tables:
-        table[key] = entry
-        if isinstance(table, Table) and route.kind is HOP:
+        known = key in table
+        table[key] = entry.chain(table.get(key)) if type(entry) is Dependent else entry
+        if isinstance(table, Table) and route.kind is HOP and not known:  # one finalizer per key and table
             for leaf in pytree.tree_leaves((call.args, call.kwargs)):
                 owner = _id_hashed_owner(leaf)
                 if owner is not None:

@@ -502,13 +502,16 @@ def profiled(table_key: tuple[object, ...]) -> bool:
     return table_key[_PROFILE] is not None
 
 
-def symbolic_table_key(func: object, table_key: Hashable, shape_env: Any, symbols: Iterable[Any]) -> Hashable:
+def symbolic_table_key(
+    func: object, table_key: Hashable, shape_env: Any, symbols: Iterable[Any], as_recording: bool = False
+) -> Hashable:
     """:meth:`KernelDeps.table_key` for a key holding ``symbols``.
 
     Adds what the ShapeEnv knows of them (Note [What the ShapeEnv knows]) and the op's fast implementation,
     which fake dispatch prefers for symbolic inputs.
     """
-    return (table_key, knowledge(shape_env, symbols), _fake_impls.get_fast_op_impls().get(func))  # type: ignore[call-overload]
+    known = knowledge(shape_env, symbols, as_recording)
+    return (table_key, known, _fake_impls.get_fast_op_impls().get(func))  # type: ignore[call-overload]
 
 
 # Note [Reading a config on the hit path]

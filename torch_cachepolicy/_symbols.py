@@ -12,10 +12,16 @@
 # divisibility facts whose symbols are all among them, the deferred runtime
 # assertions on them, and which are size-like. A guard about other symbols
 # leaves the entry reachable; a new fact about its own selects a new sub-table.
-# The entry is filed under the knowledge before its kernel ran; a kernel that
-# taught the ShapeEnv about its own symbols is run once more
-# (Note [What the kernel taught] in _driver.py). After any sequence of hits the ShapeEnv holds
-# exactly what an uncached run leaves (test_symbols.py compares them).
+# The entry is filed under the knowledge before its kernel ran, so a kernel that
+# taught the ShapeEnv about its own symbols misses once more on the next call
+# (which then teaches nothing, or misses again): never rerun at the miss, where
+# a second run could raise, or create symbols, for the caller. Whether the
+# ShapeEnv records what a kernel asks (guards suppressed, frozen, or raising on
+# a new guard) is part of the knowledge: an entry made where it does not serves
+# no call where it does. One made where it does serves the calls where it does
+# not too (_driver looks there second): reachable, it stands for a run that asks
+# no new guard, which no scope changes. After any sequence of hits the ShapeEnv
+# holds exactly what an uncached run leaves (test_symbols.py compares them).
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch._subclasses.fake_tensor import _BypassDispatchCache
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from torch_cachepolicy._reasons import UNKNOWN_SYMBOL
 
@@ -64,11 +71,22 @@ class _Index:
 
 
 _indexes: weakref.WeakKeyDictionary[Any, _Index] = weakref.WeakKeyDictionary()
+_suppress_guards_tls = ShapeEnv._suppress_guards_tls
 _NONE: frozenset[Any] = frozenset()
 
 
-def knowledge(shape_env: Any, symbols: Iterable[Any]) -> tuple[object, ...]:
-    """Everything ``shape_env`` knows that bears on expressions over ``symbols``.
+def recording(shape_env: Any) -> tuple[bool, bool, bool] | None:
+    """None while ``shape_env`` records every guard; else whether it suppresses them, is frozen, or raises on one."""
+    scope = (_suppress_guards_tls(), shape_env.frozen, shape_env._error_on_new_guards)
+    return None if scope == _RECORDING else scope
+
+
+_RECORDING = (False, False, False)
+
+
+def knowledge(shape_env: Any, symbols: Iterable[Any], as_recording: bool = False) -> tuple[object, ...]:
+    """Everything ``shape_env`` knows that bears on expressions over ``symbols``, and whether it records guards
+    (``as_recording``: as if it did).
 
     Hashable, and equal for equal knowledge. See Note [What the ShapeEnv knows].
     """
@@ -106,4 +124,4 @@ def knowledge(shape_env: Any, symbols: Iterable[Any]) -> tuple[object, ...]:
             raise _BypassDispatchCache(UNKNOWN_SYMBOL)
         rows.append((str(s), replacements.get(s), value_range, len(asserts.get(s, ())), s in size_like))
     per_symbol = tuple(sorted(rows, key=lambda row: row[0]))
-    return (per_symbol, frozenset(facts), divisible)
+    return (per_symbol, frozenset(facts), divisible, None if as_recording else recording(shape_env))

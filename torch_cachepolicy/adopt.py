@@ -278,13 +278,18 @@ def _move(
     # torch's converter (new.from_tensor) cost 0.7 ms a value (2.4 with symbolic sizes), a fifth of the export stage.
     # The tensors a value's ops can reach move with it: a wrapper subclass's inner tensors, a view's base, a leaf's
     # .grad. Everything is found before anything is set, so an error leaves the program unchanged; a value the
-    # caller also holds elsewhere moves with it.
+    # caller also holds elsewhere moves with it. The old mode forgets the moved values (its converter's memo would
+    # hand them back for their real tensors): it converts those afresh, into values of its own.
     moved: dict[int, _ft.FakeTensor] = {}
     for _, fakes in sites:
         for value in fakes:
             _fake_tensors(value, moved)
+    memo = old.fake_tensor_converter.tensor_memo
+    forget = [tid for tid, fake in list(memo.items()) if moved.get(id(fake)) is fake]
     for fake in moved.values():
         fake.fake_mode = new
+    for tid in forget:
+        memo.pop(tid, None)
     for site in mode_refs:
         if site.meta[site.key] is old:
             site.meta[site.key] = new

@@ -90,8 +90,12 @@ class CacheReport:
         for r in self.ops:
             if r.op == name:
                 return r
-        if isinstance(op, OpOverloadPacket):  # rows are per overload
-            name = op._qualified_op_name
+        # Rows are per overload: a packet, or its name ("ns::op"), names them all.
+        packet = op._qualified_op_name if isinstance(op, OpOverloadPacket) else None
+        if isinstance(op, str) and "." not in op.partition("::")[2]:
+            packet = op
+        if packet is not None:
+            name = packet
             dispatched = [r.op for r in self.ops if r.op.rpartition(".")[0] == name]
             if dispatched:
                 raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} has a row per overload; pass one of {dispatched}")

@@ -70,14 +70,19 @@ class Partition:
                 self._shape_envs.add(shape_env)
         return per_env if per_env is not None else {}
 
+    def _shape_envs_now(self) -> list[ShapeEnv]:
+        # Under the lock _env_tables adds with: iterating a WeakSet another thread adds to raises.
+        with self._lock:
+            return list(self._shape_envs)
+
     def all_tables(self) -> Iterator[Table]:
         yield from list(self.tables.values())
-        for shape_env in list(self._shape_envs):
+        for shape_env in self._shape_envs_now():
             yield from list(self._env_tables(shape_env, create=False).values())
 
     def clear(self) -> None:
         self.tables.clear()
-        for shape_env in list(self._shape_envs):
+        for shape_env in self._shape_envs_now():
             self._env_tables(shape_env, create=False).clear()
 
 
