@@ -688,6 +688,21 @@ class TestCacheApiOnTheClass(FidelityTestCase):
         total = tcp.FakeTensorMode.cache_info()
         self.assertGreaterEqual(total.hits, before.hits + 1)
 
+    def test_class_counters_read_as_cache_info(self) -> None:
+        """FakeTensorMode.cache_hits/misses/bypasses read on the class (torch's tests do) are cache_info()'s; on a
+        mode, the mode's; torch's own class counters move only by stock modes' dispatches."""
+        before = StockMode.cache_hits
+        mode = tcp.FakeTensorMode(cache_policy=policy())
+        with mode:
+            x = torch.empty(2)
+            plain(x), plain(x)
+        info, cls = tcp.FakeTensorMode.cache_info(), tcp.FakeTensorMode
+        self.assertEqual((cls.cache_hits, cls.cache_misses, cls.cache_bypasses), (info.hits, info.misses, info.bypasses))
+        mine = mode.cache_info()
+        self.assertEqual((mode.cache_hits, mode.cache_misses, mode.cache_bypasses), (mine.hits, mine.misses, mine.bypasses))
+        self.assertGreater(mode.cache_hits, 0)
+        self.assertEqual(StockMode.cache_hits, before)
+
 
 class TestHigherOrderOps(FidelityTestCase):
     def test_hop_without_a_rule_raises_as_stock(self) -> None:

@@ -82,6 +82,18 @@ def class_cache_info(cls: type) -> DispatchCacheInfo:
     )
 
 
+class ClassCounter:
+    """torch's class-wide counter (``cache_hits``, ``cache_misses``, ``cache_bypasses``) as read on the policy class:
+    torch's plus every live policy mode's, as ``cache_info()``; read on a mode, the mode's own."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        info = class_cache_info(objtype or type(obj)) if obj is None else obj.cache_info()  # type: ignore[attr-defined]
+        return getattr(info, self.field)
+
+
 def class_cache_clear(cls: type) -> None:
     """torch's ``FakeTensorMode.cache_clear()``, then every live policy mode's."""
     _StockMode.cache_clear()

@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from torch_cachepolicy import _driver, _reasons, _rules
 from torch_cachepolicy._arguments import check_cache_arguments, check_policy
-from torch_cachepolicy._class_api import also_on_the_class, class_cache_clear, class_cache_info, track
+from torch_cachepolicy._class_api import ClassCounter, also_on_the_class, class_cache_clear, class_cache_info, track
 from torch_cachepolicy._compat import Feature, off
 from torch_cachepolicy._routes import POLICY
 from torch_cachepolicy._state import CacheState
@@ -70,6 +70,11 @@ class FakeTensorMode(_StockMode):
     # while_loop, ...) are invisible to a subclass. With this flag the HOP calls
     # our dispatch, which forwards to the stock class's rule (_rules.dispatch).
     supports_higher_order_operators = True
+    # torch's tests read the class counters (FakeTensorMode.cache_hits) as cache_info() (Note [The cache API on the
+    # class]); torch's code increments its own class's.
+    cache_hits = ClassCounter("hits")  # type: ignore[assignment]
+    cache_misses = ClassCounter("misses")  # type: ignore[assignment]
+    cache_bypasses = ClassCounter("bypasses")  # type: ignore[assignment]
 
     def __init__(
         self,
