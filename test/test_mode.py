@@ -1479,6 +1479,34 @@ class TestDropIn(TestCase):
             self.assertEqual(self.counts(kind, mode)[2].get("non-builtin"), 1)
 
 
+class TestBypassLog(CachePolicyTestCase):
+    def test_every_bypass_exit_logs_its_reason(self) -> None:
+        """Each way a dispatch bypasses (its route, its key, a negative entry, torch's entry builder) logs the
+        reason at DEBUG on torch_cachepolicy._driver."""
+        lib = torch.library.Library("tcp_bypass_log", "FRAGMENT")
+        self.addCleanup(lib._destroy)
+        lib.define("unbacked(Tensor x) -> Tensor")
+        torch.library.register_fake(
+            "tcp_bypass_log::unbacked", lambda x: x.new_empty(torch.library.get_ctx().new_dynamic_size()), lib=lib
+        )
+        policy = testing.backend_policy()
+        policy.register_namespace("tcp_bypass_log")
+        policy.deny(conv)
+        mode = tcp.FakeTensorMode(cache_policy=policy, shape_env=ShapeEnv())
+        with self.assertLogs("torch_cachepolicy._driver", level="DEBUG") as logs, mode:
+            conv(torch.empty(1, 1, 4, 4), 1)
+            q_per_tensor(torch.empty(2), float("nan"), 0, -128, 127, torch.int8)
+            for _ in range(2):
+                testing.op("bad_view")(torch.empty(4))
+            torch.ops.tcp_bypass_log.unbacked(torch.empty(2))
+        lines = [line.split(":", 2)[2] for line in logs.output if line.split(":", 2)[2].startswith("bypass ")]
+        self.assertExpectedInline("\n".join(lines), """\
+bypass tcp_test.conv.default: denied by policy (route)
+bypass quantized_decomposed.quantize_per_tensor.default: NaN argument (key)
+bypass tcp_test.bad_view.default: output aliases an input without a schema annotation (negative entry)
+bypass tcp_bypass_log.unbacked.default: unrepresented symbol in output (entry builder)""")
+
+
 class TestKeyedAsTorch(CachePolicyTestCase):
     """Arguments whose keys torch itself decides (by release) are keyed and bypassed exactly as torch does."""
 

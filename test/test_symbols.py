@@ -89,6 +89,17 @@ def _allocates_once_taught(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0])
 
 
+@OPS.define("specializes(Tensor x) -> Tensor")
+def _specializes(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape) if x.shape[0] == 8 else x.new_empty(1)  # guards s0 == 8: a replacement
+
+
+@OPS.define("unifies(Tensor x, Tensor y) -> Tensor")
+def _unifies(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] == y.shape[0])  # unifies the two symbols
+    return x.new_empty(x.shape)
+
+
 ne_guard = OPS.op("ne_guard")
 mod_guard = OPS.op("mod_guard")
 asks_range = OPS.op("asks_range")
@@ -205,6 +216,20 @@ class TestSymbols(TestCase):
         mode = self.run_sequence(sequence)
         report = mode.cache_report()[OPS.op("branches")]
         self.assertEqual((report.misses, report.hits), (2, 3))
+
+    @parametrize("op_name", ["specializes", "unifies"])
+    def test_a_kernel_guarding_on_an_input_symbol_did_not_change_the_input(self, op_name: str) -> None:
+        """Specializing or unifying an input's symbol is what the ShapeEnv learns, not a change to the input: the
+        call after it is cached (no "changed an input's" bypass)."""
+        def sequence(mode: Any) -> list[object]:
+            x, y = symbolic(mode, 8), symbolic(mode, 8)
+            args = (x,) if op_name == "specializes" else (x, y)
+            with mode:
+                return [str(OPS.op(op_name)(*args).shape) for _ in range(3)]
+
+        mode = self.run_sequence(sequence)
+        report = mode.cache_report()[OPS.op(op_name)]
+        self.assertEqual((report.misses, report.hits, report.bypasses), (2, 1, {}))
 
     def test_no_second_run_of_a_kernel_that_taught(self) -> None:
         """A kernel that taught the ShapeEnv is never run again for the caller's miss (it could raise there)."""

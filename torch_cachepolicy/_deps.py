@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch._ops import OpOverload
+from torch._subclasses import fake_tensor as _ft
 from torch._subclasses.fake_tensor import _DispatchCacheValidEntry
+
+# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
+_Mode = _ft.FakeTensorMode
 
 if TYPE_CHECKING:
     from torch_cachepolicy._routes import Route
+    from torch_cachepolicy._state import CacheState
 
 class Frame:
     """A miss being computed."""
@@ -130,13 +135,13 @@ class Frames:
         return True
 
 
-def current_table_key(mode: Any, state: Any, route: Route) -> Hashable:
+def current_table_key(mode: _Mode, state: CacheState, route: Route) -> Hashable:
     """What ``route``'s op depends on now (its table key), under ``mode``'s policy and settings."""
     assert route.deps is not None
     return route.deps.table_key(state.policy, mode.allow_fallback_kernels)
 
 
-def record(mode: Any, state: Any, route: Route, table_key: Hashable = None) -> None:
+def record(mode: _Mode, state: CacheState, route: Route, table_key: Hashable = None) -> None:
     """Records ``route``'s dispatch in this thread's open frames (Note [Entries cover inner ops])."""
     frames = state.frames
     if not frames.stack():
@@ -150,7 +155,7 @@ def record(mode: Any, state: Any, route: Route, table_key: Hashable = None) -> N
     frames.record(route, table_key)
 
 
-def record_rule(mode: Any, state: Any, func: OpOverload) -> None:
+def record_rule(mode: _Mode, state: CacheState, func: OpOverload) -> None:
     """Records a dispatch that a rule for the FakeTensorMode class answered, never reaching the cache."""
     route = state.route(func)
     if route.taints:

@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import (
 from torch_cachepolicy import _kernels, _reasons
 from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
 from torch_cachepolicy._deps import Dependent, Frame, current_table_key, record
+from torch_cachepolicy._kernels import TableKey
 from torch_cachepolicy._key import cache_key
 from torch_cachepolicy._key_extension import check_visible, extend_key
 from torch_cachepolicy._names import unhashable_context
@@ -41,6 +42,9 @@ from torch_cachepolicy._verify import (
 )
 from torch_cachepolicy.store import Table
 
+# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
+_Mode = _ft.FakeTensorMode
+
 log = logging.getLogger(__name__)
 
 _StockMode = _ft.FakeTensorMode
@@ -55,7 +59,7 @@ _HOP_TABLE = "hop"
 
 
 def cached_dispatch(
-    mode: Any,
+    mode: _Mode,
     state: CacheState,
     func: Any,
     types: Sequence[type],
@@ -72,11 +76,12 @@ def cached_dispatch(
     kind = route.kind
     stats = route.stats
     if kind is BYPASS:
+        log.debug("bypass %s: %s (route)", func, route.label)
         stats.bypass(route.label)
         if state.frames.open:
             record(mode, state, route)
         return mode._dispatch_impl(func, types, args, kwargs)
-    table_key: Hashable = None
+    table_key: TableKey | None = None
     try:
         if kind is not STOCK:
             table_key = _before_key(mode, state, route, args, kwargs)
@@ -92,7 +97,7 @@ def cached_dispatch(
         # Raises for a key with a symbol shape_env does not know (_reasons.UNKNOWN_SYMBOL).
         table = _table(state, route, table_key, key_state, shape_env)
     except _BypassDispatchCache as e:
-        log.debug("bypass %s: %s", func, e.reason)
+        log.debug("bypass %s: %s (key)", func, e.reason)
         stats.bypass(e.reason)
         if kind is POLICY:  # See Note [Entries cover inner ops]
             state.frames.taint()
@@ -105,6 +110,7 @@ def cached_dispatch(
     if type(entry) is Dependent:
         entry = state.frames.valid_entry(entry, lambda r: current_table_key(mode, state, r))
     elif isinstance(entry, _DispatchCacheBypassEntry):
+        log.debug("bypass %s: %s (negative entry)", func, entry.reason)
         stats.bypass(entry.reason)
         if kind is POLICY or entry.reason == _reasons.RUNS_EXCLUDED:
             state.frames.taint()
@@ -113,9 +119,9 @@ def cached_dispatch(
         return _miss(mode, state, route, _Call(key_state, key, table, table_key, shape_env, types, args, kwargs))
     # Through the mode, as stock's hits, so that an override of it builds every hit.
     if SYNTHESIS_TAKES_FUNC:
-        output = mode._output_from_cache_entry(key_state, entry, key, func, args)
+        output = mode._output_from_cache_entry(key_state, entry, key, func, args)  # type: ignore[call-arg,arg-type]
     else:
-        output = mode._output_from_cache_entry(key_state, entry, key, args)
+        output = mode._output_from_cache_entry(key_state, entry, key, args)  # type: ignore[call-arg,arg-type]
     stats.hits += 1
     if mode.cache_crosscheck_enabled:
         crosscheck(mode, output, func, types, args, kwargs)
@@ -123,8 +129,8 @@ def cached_dispatch(
 
 
 def _before_key(
-    mode: Any, state: CacheState, route: Route, args: Sequence[object], kwargs: Mapping[str, object]
-) -> Hashable:
+    mode: _Mode, state: CacheState, route: Route, args: Sequence[object], kwargs: Mapping[str, object]
+) -> TableKey | None:
     """The bypasses of a backend or higher-order op decided before its key; a backend op's table key."""
     if mode.propagate_real_tensors:
         # See Note [The kernel in effect]: the real kernel's outputs may replace the fake kernel's.
@@ -143,23 +149,24 @@ def _before_key(
 
 
 def _table(
-    state: CacheState, route: Route, table_key: Hashable, key_state: _CacheKeyState, shape_env: Any,
+    state: CacheState, route: Route, table_key: TableKey | None, key_state: _CacheKeyState, shape_env: Any,
     as_recording: bool = False,
 ) -> Any:
     """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows]:
     ``as_recording``, where they would if the ShapeEnv recorded guards)."""
     if route.kind is POLICY:
-        where = table_key
+        assert table_key is not None
+        where: Hashable = table_key
         if shape_env is not None:
             where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols, as_recording)
         try:
             if route.deps.uses_context:  # type: ignore[union-attr]
-                _check_context(route, table_key[0])  # type: ignore[index]
+                _check_context(route, table_key.context)
             return state.partition.table(where, shape_env)
         except _BypassDispatchCache:
             raise
         except Exception as e:  # a user's __hash__ or __eq__ may raise anything
-            raise unhashable_context(route.func, table_key[0], e) from None  # type: ignore[index]
+            raise unhashable_context(route.func, table_key.context, e) from None
     if route.private or state.isolated:
         return _private_table(state, route, shape_env, key_state, as_recording)
     if shape_env is not None:
@@ -197,24 +204,24 @@ class _Call(NamedTuple):
     key_state: _CacheKeyState
     key: _DispatchCacheKey
     table: Any
-    table_key: Hashable
+    table_key: TableKey | None
     shape_env: Any
     types: Sequence[type]
     args: Sequence[object]
     kwargs: Mapping[str, object]
 
 
-def _run(mode: Any, state: CacheState, route: Route, call: _Call) -> tuple[object, Frame]:
+def _run(mode: _Mode, state: CacheState, route: Route, call: _Call) -> tuple[object, Frame]:
     """Runs the kernel uncached inside a frame that records what it dispatched."""
     frame = state.frames.push()
     try:
-        output = mode._dispatch_impl(route.func, call.types, call.args, call.kwargs)
+        output = mode._dispatch_impl(route.func, call.types, call.args, call.kwargs)  # type: ignore[arg-type]
     finally:
         state.frames.pop(frame)
     return output, frame
 
 
-def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
+def _miss(mode: _Mode, state: CacheState, route: Route, call: _Call) -> object:
     """Runs the kernel, reaches a verdict on the entry it would make, and stores it."""
     # See Note [What a hit of an aten entry can get wrong]: an aten kernel writes only what its schema declares.
     aten = route.kind is STOCK
@@ -230,6 +237,7 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
         entry = _entry(mode, state, route, call, output, in_torch_storage)
     except _BypassDispatchCache as e:
         # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
+        log.debug("bypass %s: %s (entry builder)", route.func, e.reason)
         route.stats.bypass(e.reason)
         if route.kind is POLICY:
             state.frames.taint()
@@ -258,7 +266,7 @@ def _miss(mode: Any, state: CacheState, route: Route, call: _Call) -> object:
     return output
 
 
-def _entry(mode: Any, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
+def _entry(mode: _Mode, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
     """torch's entry for this output, after the schema checks of a backend op."""
     func: Any = route.func
     if route.kind is POLICY:
@@ -269,14 +277,14 @@ def _entry(mode: Any, state: CacheState, route: Route, call: _Call, output: obje
     synth = state.synth
     synth.transient = True  # See Note [One synthesis for hits and their verification]
     try:
-        entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)
+        entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)  # type: ignore[arg-type]
     finally:
         synth.transient = False
     return entry if in_torch_storage else stub_symint_output(entry, call.key_state, call.key)
 
 
 def _verify(
-    mode: Any,
+    mode: _Mode,
     route: Route,
     call: _Call,
     entry: Any,

@@ -10,7 +10,7 @@ dispatch: the key of the sub-table the op's entries live in.
 # An entry answers for "the kernel stock's fake dispatch would run for this call, and what it returns". Stock
 # picks it from many places: rules for the FakeTensorMode class, its handler tables, the register_fake registry,
 # a config, Python decompositions and metas, py_impl kernels (per dispatch key, under the Python dispatcher), the
-# dispatcher's kernels, the mode's settings. SOURCES lists them in stock's order (read from the torch 2.13/2.14
+# dispatcher's kernels, the mode's settings. SOURCES lists them in stock's order (read from the torch 2.13-2.15
 # functions in CONSULTED), each with its Coverage: applied before the cache where stock applies it, watched by
 # the sub-table (a change starts afresh), in the key, a bypass, fixed per operator, or off every entry's path.
 #
@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import importlib
 import inspect
 import logging
 import warnings
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._decomp
@@ -413,8 +414,41 @@ _op_implementation_of = _fake_impls.op_implementations_dict
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 _PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 
-# Where table_key puts the custom-ops profile covering the op (None if none).
-_PROFILE = 12
+
+
+class TableKey(NamedTuple):
+    """What a backend op's entries depend on beyond the key (:meth:`KernelDeps.table_key`): one sub-table each.
+
+    Attributes:
+        context: the policy's ``context_key()`` for an op that uses it, else None.
+        fake_impl, custom_op_fake, kernels: the registered fake impl, a custom_op's fake function, the fingerprint
+            of the dispatcher's Meta/composite kernels.
+        hop_rule, rule: rules for stock's FakeTensorMode class (``python_key_table``, ``register_torch_dispatch``).
+        py_kernels, python_dispatcher: the op's py_impl kernels and, for an op with any, whether the Python
+            dispatcher is on.
+        meta, decomposition, impls, impl_of: a Python meta, a decomposition, the register_op_impl implementations.
+        profile: the custom-ops profile covering the op (None if none).
+        allow_fallback_kernels: the mode's, for an op stock may run a real kernel for (else None).
+    """
+
+    context: Hashable
+    fake_impl: object
+    custom_op_fake: object
+    kernels: object
+    hop_rule: object
+    rule: object
+    py_kernels: object
+    python_dispatcher: object
+    meta: object
+    decomposition: object
+    impls: object
+    impl_of: object
+    profile: object
+    allow_fallback_kernels: bool | None
+
+
+# Made on every backend hit: tuple.__new__ (C) rather than the NamedTuple's keyword constructor (Python).
+_table_key = functools.partial(tuple.__new__, TableKey)
 
 
 class KernelDeps:
@@ -449,7 +483,7 @@ class KernelDeps:
         # (len(op_implementations_checks), kernels' fingerprint, accepted impls); refreshed when either changes.
         self._impls: tuple[int, object, tuple[Any, ...]] = (-1, None, ())
 
-    def table_key(self, policy: Any, allow_fallback_kernels: bool) -> tuple[object, ...]:
+    def table_key(self, policy: Any, allow_fallback_kernels: bool) -> TableKey:
         """The sources' current values (and ``policy``'s context if the op uses it): the op's sub-table key."""
         kernel = self.holder.kernel
         func = self.func
@@ -462,7 +496,7 @@ class KernelDeps:
             profile = _PROFILE_DEFAULT
         rules = self.rules
         py_kernels = self.py_kernels
-        key = (
+        return _table_key((
             context_value(policy, func) if self.uses_context else None,
             None if kernel is None else kernel.func,
             None if self.opdef is None else self.opdef._abstract_fn,
@@ -479,8 +513,8 @@ class KernelDeps:
             impls,
             _op_implementation_of.get(func),  # type: ignore[call-overload]
             None if profile is None or func not in profile.data else profile,
-        )
-        return (*key, allow_fallback_kernels) if self.fallback_capable else key
+            allow_fallback_kernels if self.fallback_capable else None,
+        ))
 
     def _op_impls(self, kernels_now: int) -> tuple[Any, ...]:
         # Checks read only the op (name, tags, schema, Meta kernel): answers hold while list length and kernels do.
@@ -497,9 +531,9 @@ class KernelDeps:
         return self.holder.kernel is None and self.fingerprint() == _keyset.NO_KERNEL
 
 
-def profiled(table_key: tuple[object, ...]) -> bool:
+def profiled(table_key: TableKey) -> bool:
     """Whether a custom-ops profile replaces the fake kernel of the op of this :meth:`KernelDeps.table_key`."""
-    return table_key[_PROFILE] is not None
+    return table_key.profile is not None
 
 
 def symbolic_table_key(

@@ -15,6 +15,9 @@ from torch._subclasses import fake_tensor as _ft
 from torch_cachepolicy._deps import record_rule
 from torch_cachepolicy._state import CacheState
 
+# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
+_Mode = _ft.FakeTensorMode
+
 _StockMode = _ft.FakeTensorMode
 _debug_logging = functools.partial(_ft.log.isEnabledFor, logging.DEBUG)
 _fake_registry = torch._library.simple_registry.singleton
@@ -25,7 +28,7 @@ _NO_RULES: Mapping[object, Any] = {}
 
 
 def dispatch(
-    mode: Any, state: CacheState, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
+    mode: _Mode, state: CacheState, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
 ) -> object:
     """``FakeTensorMode.dispatch`` of a policy mode."""
     # Note [Rules for the FakeTensorMode class]

@@ -28,6 +28,9 @@ from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYNTHESIS_T
 from torch_cachepolicy._key import SELF_CHECK, SELF_CHECK_ENV
 from torch_cachepolicy._verify import describe, first_difference
 
+# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
+_Mode = _ft.FakeTensorMode
+
 # csrc/synth.cpp; fetched once because every plain hit calls them. None (torch's synthesis for every hit) without
 # the extension, or where a changed internal switched hits without dispatch off.
 _HIT_BUILDER_OFF = off(Feature.HIT_BUILDER)
@@ -66,7 +69,7 @@ class _Fresh:
     device: torch.device
     requires_grad: bool
 
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         meta = _meta_empty_strided(self.shape, self.stride, self.dtype, self.requires_grad)  # type: ignore[misc]
         return new_fake(mode, meta, self.device)
 
@@ -82,7 +85,7 @@ class _ViewOf:
     dtype: torch.dtype
     device: torch.device
 
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         base = _arg(args, self.index)
         if base is None:
             return TORCH_PATH
@@ -96,7 +99,7 @@ class _InPlace:
 
     index: int
 
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         arg = _arg(args, self.index)
         return TORCH_PATH if arg is None else arg
 
@@ -107,7 +110,7 @@ class _Constant:
 
     value: object
 
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         return self.value
 
 
@@ -126,7 +129,7 @@ class _SymbolicFresh:
     template: torch.Tensor | None = None
     template_env: Any = None
 
-    def make(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         sizes = _this_call(self.shape, key, shape_env)
         strides = _this_call(self.stride, key, shape_env)
         (offset,) = _this_call((self.storage_offset,), key, shape_env)
@@ -166,7 +169,7 @@ class Plan:
         # Symbolic steps still waiting for torch's first synthesis to give their template.
         self.pending = tuple(s for s in steps if isinstance(s, _SymbolicFresh))
 
-    def build(self, mode: Any, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def build(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
         """The output for this call, or :data:`TORCH_PATH`."""
         if self.single is not None:
             return self.single.make(mode, args, new_fake, key, shape_env)
@@ -269,7 +272,7 @@ class FakeTensors:
         # device -> the __dict__ of torch's first FakeTensor of it (None: torch's constructor).
         self.bases: dict[torch.device, dict[str, Any] | None] = {}
 
-    def make(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+    def make(self, mode: _Mode, meta: torch.Tensor, device: torch.device) -> Any:
         """``FakeTensor(mode, meta, device)``."""
         base = self.bases.get(device, _UNSEEN)
         if base is None or _fake_config.debug or not FAKE_TENSOR_CONSTRUCTOR_KNOWN:
@@ -285,7 +288,7 @@ class FakeTensors:
         _fake_init(t)
         return t
 
-    def _first(self, mode: Any, meta: torch.Tensor, device: torch.device) -> Any:
+    def _first(self, mode: _Mode, meta: torch.Tensor, device: torch.device) -> Any:
         t = FakeTensor(mode, meta, device)
         state = dict(vars(t))
         plain = (
@@ -306,7 +309,7 @@ _torch_synthesis: Any = _ft.FakeTensorMode._output_from_cache_entry
 
 
 def _torch_output(
-    mode: Any,
+    mode: _Mode,
     state: _CacheKeyState,
     entry: _DispatchCacheValidEntry,
     key: _DispatchCacheKey,
@@ -369,7 +372,7 @@ class Synthesizer:
 
     def output(
         self,
-        mode: Any,
+        mode: _Mode,
         state: _CacheKeyState,
         entry: _DispatchCacheValidEntry,
         key: _DispatchCacheKey,

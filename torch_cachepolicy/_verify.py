@@ -27,20 +27,23 @@ from torch_cachepolicy import _reasons
 from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
 from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
 
+# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
+_Mode = _ft.FakeTensorMode
+
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 Fields = Callable[[torch.Tensor], tuple[tuple[str, object], ...]]
 
 
-def _tensor_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
+def _tensor_fields(t: torch.Tensor, num: Callable[[object], object] = guard_free_int) -> tuple[tuple[str, object], ...]:
     return (
         ("dtype", t.dtype),
         ("device", t.device),
         ("layout", t.layout),
-        ("shape", tuple(guard_free_int(s) for s in t.shape)),
-        ("stride", tuple(guard_free_int(s) for s in t.stride())),
-        ("storage_offset", guard_free_int(t.storage_offset())),
-        ("storage size", guard_free_int(t.untyped_storage().nbytes())),
+        ("shape", tuple(num(s) for s in t.shape)),
+        ("stride", tuple(num(s) for s in t.stride())),
+        ("storage_offset", num(t.storage_offset())),
+        ("storage size", num(t.untyped_storage().nbytes())),
         ("requires_grad", t.requires_grad),
         ("is_conj", t.is_conj()),
         ("is_neg", t.is_neg()),
@@ -217,12 +220,34 @@ def _plain(value: object) -> object:
     return value
 
 
+class _SameNode:
+    """A symbolic size of an input, equal to another only if it is the same SymNode: a kernel that guards on it
+    (specializing or unifying its symbol) leaves the node, and what it reads as, to the ShapeEnv; one that changes the
+    input's metadata in place makes new nodes."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: object) -> None:
+        self.node = node  # held, so that its id is not reused
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameNode) and other.node is self.node
+
+    def __hash__(self) -> int:
+        return id(self.node)
+
+
+def _as_node(v: object) -> object:
+    return _SameNode(v.node) if isinstance(v, torch.SymInt) else v
+
+
 class InputSnapshot:
     """What a kernel can change about its tensor arguments, taken before it runs.
 
-    Every tensor argument's :func:`describe` fields (version counter, hooks and Python attributes included).
-    Lists and dicts need none: the dispatcher hands the kernel its own copies. Other objects are not compared;
-    an argument whose content the key cannot see bypasses first (Note [Arguments the key cannot see]).
+    Every tensor argument's :func:`describe` fields (version counter, hooks and Python attributes included), its
+    symbolic sizes by SymNode (:class:`_SameNode`). Lists and dicts need none: the dispatcher hands the kernel its own
+    copies. Other objects are not compared; an argument whose content the key cannot see bypasses first
+    (Note [Arguments the key cannot see]).
     """
 
     __slots__ = ("_before", "_tensors")
@@ -233,14 +258,14 @@ class InputSnapshot:
 
     @staticmethod
     def _state(t: torch.Tensor) -> tuple[int, tuple[tuple[str, object], ...]]:
-        return (storage_id(t), _tensor_fields(t))
+        return (storage_id(t), _tensor_fields(t, _as_node))
 
     def changed(self) -> str | None:
         """Which input field changed since the snapshot (``"shape"``), or None."""
         for t, (storage, fields) in zip(self._tensors, self._before, strict=True):
             if storage_id(t) != storage:
                 return "storage"
-            for (name, before), (_, after) in zip(fields, _tensor_fields(t), strict=True):
+            for (name, before), (_, after) in zip(fields, _tensor_fields(t, _as_node), strict=True):
                 if _differs(after, before):
                     return name
         return None
@@ -305,7 +330,7 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
 
 
 def verify_entry(
-    mode: Any, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
+    mode: _Mode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
     kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
 ) -> None:
     """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
@@ -313,9 +338,9 @@ def verify_entry(
     try:
         # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
         if SYNTHESIS_TAKES_FUNC:
-            rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)
+            rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)  # type: ignore[call-arg,arg-type]
         else:
-            rebuilt = mode._output_from_cache_entry(state, entry, key, args)
+            rebuilt = mode._output_from_cache_entry(state, entry, key, args)  # type: ignore[call-arg,arg-type]
     except _BypassDispatchCache:
         raise
     except Exception as e:
@@ -337,7 +362,7 @@ class CrosscheckError(RuntimeError):
 
 
 def crosscheck(
-    mode: Any, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
+    mode: _Mode, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
 ) -> None:
     """Re-runs a hit's call uncached on ``mode`` and compares it with ``output``.
 
