@@ -3,28 +3,36 @@
 Test operators are defined through :class:`CountedOps`, whose fake kernels count their runs, so a test can tell a
 cache hit (no run) from a miss. This module defines the ``tcp_test`` namespace, once per process; ``zoo_ops``
 defines ``tcp_zoo`` the same way.
+
+:class:`CachePolicyTestCase` is the base of every test class in the files that hold a hit to an uncached dispatch
+(test_mode, test_kernel_zoo, test_fuzz, test_symbols, test_fidelity, test_synth, test_opinfo_crosscheck): it turns
+the cache crosscheck on for the whole class, as torch's test_fake_tensor.py does for its file.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import itertools
 import json
+import logging
 import math
 import pathlib
 import subprocess
 import sys
 import types
 import unittest
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch._dynamo.config
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines quantized_decomposed ops)
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
+from torch.testing._internal.common_utils import TestCase
 
 import torch_cachepolicy as tcp
 from torch_cachepolicy import _compat
@@ -251,6 +259,56 @@ def reaches(root: object, target: object, limit: int = 200_000) -> bool:
                 seen.add(id(ref))
                 todo.append(ref)
     return False
+
+
+@contextlib.contextmanager
+def logging_disabled() -> Iterator[None]:
+    """torch logs every exception a fake kernel raises at ERROR level; test kernels raise some on purpose."""
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# ------------------------------------------------------------------ the test case
+
+
+# Note [Crosscheck in the tests]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# As in torch's test_fake_tensor.py, every hit of these tests is re-run uncached and compared: a mode made with
+# cache_crosscheck=None (the default) follows torch._dynamo.config, which the class patch below turns on for each test
+# class (stock FakeTensorModes made in a test crosscheck their hits too). A test that needs a hit alone says why and
+# passes cache_crosscheck=False (or patches the config off): one that counts kernel runs (a crosscheck runs the
+# kernel again), or compares what kernels leave behind (ShapeEnv facts, symbol counters) between a cached and an
+# uncached run (the crosscheck's rerun would do for the hit what the hit skipped), or shows a limit crosscheck catches.
+@torch._dynamo.config.patch(fake_tensor_cache_crosscheck_enabled=True)
+class CachePolicyTestCase(TestCase):
+    """The tests' base: crosscheck on for the class (Note [Crosscheck in the tests]), test op runs counted afresh."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        # A subclass overriding setUpClass without super() would run without the patch.
+        self.assertTrue(torch._dynamo.config.fake_tensor_cache_crosscheck_enabled, "crosscheck is off for the class")
+        calls.clear()
+
+    def assertHitsMisses(self, mode: tcp.FakeTensorMode, hits: int, misses: int) -> None:
+        info = mode.cache_info()
+        self.assertEqual((info.hits, info.misses), (hits, misses), msg=str(mode.cache_report()))
+
+    def assertBypassed(self, mode: tcp.FakeTensorMode, op: Any, reason: str, count: int) -> None:
+        self.assertEqual(mode.cache_report()[op].bypasses.get(reason, 0), count, msg=str(mode.cache_report()))
+
+    def assertNotAliased(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.assertNotEqual(a.untyped_storage()._cdata, b.untyped_storage()._cdata)
+
+
+def crosscheck_off() -> Any:
+    """torch._dynamo.config's crosscheck off: modes made inside (stock ones too) serve hits without rerunning them.
+
+    For a control that must show a wrong hit, which the crosscheck would raise on (Note [Crosscheck in the tests]).
+    """
+    return torch._dynamo.config.patch(fake_tensor_cache_crosscheck_enabled=False)
 
 
 def run_json_script(test: unittest.TestCase, script: str, env: dict[str, str], *python_flags: str) -> Any:

@@ -10,7 +10,10 @@ module import _name``, ``obj._name`` or ``getattr(obj, "_name")`` where
 FakeTensorMode method the mode overrides, ``Tensor._grad``) are torch's, not
 ours, and are checked by ``test_compat.py`` instead. The layout tests hold the
 package to what the lean redesign's line budgets stood for: the documented API
-as the only public modules, and no import cycle.
+as the only public modules, and no import cycle. ``TestSuiteLayout`` holds the
+tests to theirs: helpers in ``cachepolicy_testing.py`` and ``zoo_ops.py``, never
+in another test module, and the crosscheck on for every test class of the files
+that compare a hit with an uncached dispatch.
 """
 
 from __future__ import annotations
@@ -253,6 +256,64 @@ class TestLayout(TestCase):
         """import_cycle reports a two-module cycle and passes a chain."""
         self.assertEqual(import_cycle({"a": {"b"}, "b": {"a"}}), ["a", "b", "a"])
         self.assertIsNone(import_cycle({"a": {"b"}, "b": set()}))
+
+
+TESTS = REPO / "test"
+# The files that compare a hit with an uncached dispatch: each test class runs with the crosscheck on (Note [Crosscheck
+# in the tests] in cachepolicy_testing.py).
+SAFETY_FILES = ("test_mode.py", "test_kernel_zoo.py", "test_fuzz.py", "test_symbols.py", "test_fidelity.py",
+                "test_synth.py", "test_opinfo_crosscheck.py")  # fmt: skip
+CROSSCHECKED_BASES = {"testing.CachePolicyTestCase", "zoo.ZooTestCase"}
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """The ``test_*`` modules ``source`` imports, at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found.update(n.split(".")[0] for n in names if n.split(".")[0].startswith("test_"))
+    return found
+
+
+def classes_without_crosscheck(source: str) -> list[str]:
+    """The test classes of ``source`` (named ``Test*`` or based on a ``*TestCase``) that do not derive from a base
+    with the crosscheck on, directly or through a class of the same file."""
+    classes = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+    crosschecked = set(CROSSCHECKED_BASES)
+    for _ in classes:  # a class may derive from one defined before or after it
+        crosschecked |= {c.name for c in classes if {ast.unparse(b) for b in c.bases} & crosschecked}
+    return [
+        c.name
+        for c in classes
+        if (c.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in c.bases))
+        and c.name not in crosschecked
+    ]
+
+
+class TestSuiteLayout(TestCase):
+    def test_no_test_module_imports_another(self) -> None:
+        """Helpers live in cachepolicy_testing.py and zoo_ops.py: no test module imports another."""
+        found = {
+            str(p.relative_to(TESTS)): sorted(imported_test_modules(p.read_text()))
+            for p in sorted(TESTS.rglob("*.py"))
+        }
+        self.assertEqual({k: v for k, v in found.items() if v}, {})
+        source = "import test_a\ndef f():\n    from test_b.x import y\n"
+        self.assertEqual(imported_test_modules(source), {"test_a", "test_b"})
+
+    def test_safety_files_crosscheck_every_class(self) -> None:
+        """Every test class of the files comparing a hit with an uncached dispatch runs with the crosscheck on."""
+        missing = {name: classes_without_crosscheck((TESTS / name).read_text()) for name in SAFETY_FILES}
+        self.assertEqual({k: v for k, v in missing.items() if v}, {})
+        source = "\n".join([
+            "class A(TestCase): pass",
+            "class B(testing.CachePolicyTestCase): pass",
+            "class TestC(B): pass",
+            "class D: pass",
+        ])
+        self.assertEqual(classes_without_crosscheck(source), ["A"])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import (
-    TestCase,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
@@ -155,7 +154,7 @@ def scoped_library(ns: str = NS) -> Iterator[torch.library.Library]:
         lib._destroy()
 
 
-class FidelityTestCase(TestCase):
+class FidelityTestCase(testing.CachePolicyTestCase):
     def setUp(self) -> None:
         super().setUp()
         calls.clear()
@@ -551,6 +550,36 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
         })
         self.assertEqual(mode.cache_report()[op].misses, 1)  # g=None is visible
 
+    @parametrize("held_by", ["operand", "subgraph"])
+    def test_invoke_subgraph_around_an_op_reading_its_generator_is_not_replayed(self, held_by: str) -> None:
+        """An op bypassing for an argument the key cannot see keeps invoke_subgraph around it from being cached."""
+        op = torch.ops.tcp_fidelity.seeded.default
+        g = torch.Generator()
+        if held_by == "operand":
+            gm = torch.fx.symbolic_trace(lambda a, gen: (op(a, gen),))
+            operands: tuple[object, ...] = (g,)
+        else:  # the subgraph holds the Generator (get_attr): the HOP's key cannot see it at all
+            root = torch.nn.Module()
+            root.g = g
+            graph = torch.fx.Graph()
+            a = graph.placeholder("a")
+            graph.output((graph.call_function(op, (a, graph.get_attr("g"))),))
+            gm = torch.fx.GraphModule(root, graph)
+            operands = ()
+        seen = []
+        for cache in (True, False):
+            mode = tcp.FakeTensorMode(cache_policy=policy())
+            mode.cache_enabled = cache
+            sizes = []
+            with mode:
+                x = torch.empty(2)
+                for seed in (1, 1, 2, 2, 1):
+                    g.manual_seed(seed)
+                    sizes.append(invoke_subgraph(gm, "seeded", x, *operands)[0].shape[0])
+            seen.append(sizes)
+        # Before the fix: cached [2, 2, 2, 2, 2] (4 invoke_subgraph hits), uncached [2, 2, 3, 3, 2].
+        self.assertEqual(seen[0], seen[1])
+
     def test_argument_declared_immutable(self) -> None:
         """A type the policy declares immutable is keyed by the object, and served from the cache."""
         op = torch.ops.tcp_fidelity.seeded.default
@@ -563,7 +592,9 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
 
     def test_propagate_real_tensors(self) -> None:
         """With propagate_real_tensors a backend op is dispatched uncached (real kernels may replace its output)."""
-        mode = tcp.FakeTensorMode(cache_policy=policy())
+        # Crosscheck off: set after construction, propagate_real_tensors leaves aten ops cached (stock's mode too; made
+        # with it, stock caches nothing), and their hits carry no real tensor, which a crosscheck reports.
+        mode = tcp.FakeTensorMode(cache_policy=policy(), cache_crosscheck=False)
         mode.propagate_real_tensors = True
         with mode:
             x = torch.empty(2)
@@ -732,7 +763,7 @@ class _NoRuleHop(torch._ops.HigherOrderOperator):
         return super().__call__(x)
 
 
-class TestKernelSources(TestCase):
+class TestKernelSources(testing.CachePolicyTestCase):
     """Note [The kernel in effect]: the list of sources is held to torch's code."""
 
     def test_every_source_is_listed(self) -> None:
@@ -826,6 +857,7 @@ class TestKernelSources(TestCase):
 
 instantiate_parametrized_tests(TestRulesForFakeTensorMode)
 instantiate_parametrized_tests(TestCopies)
+instantiate_parametrized_tests(TestWhatAKernelCanTouch)
 instantiate_parametrized_tests(TestCacheApiOnTheClass)
 instantiate_parametrized_tests(TestKernelSources)
 

@@ -40,8 +40,11 @@ try:
 except ImportError:
     _C = None
 
-# The start of the TypeError of kernel_keys / kernel_watch for a value that is neither an OpOverload nor a name.
-WRONG_TYPE = "torch_cachepolicy.{api}(...): expected an OpOverload or a 'ns::name.overload' string, got "
+# The start of the TypeError of kernel_keys / kernel_watch for a value that is neither an OpOverload nor a name; each
+# names the public API that reaches it (CachePolicy.decide for kernel_keys, the mode's dispatch for kernel_watch).
+WRONG_TYPE = "{api}: expected an OpOverload or a 'ns::name.overload' string, got "
+KERNEL_KEYS_API = "torch_cachepolicy.CachePolicy.decide(...)"
+KERNEL_WATCH_API = "torch_cachepolicy.FakeTensorMode.dispatch(...)"
 NO_CPP_REASON = "torch_cachepolicy._C is not built (USE_CPP=0 or the build failed), so there is no C++ kernel watch"
 
 # A namespace of our own covers registrations that aten never makes: a
@@ -211,13 +214,13 @@ _cachepolicy_keyset_test::cia_op: CompositeImplicitAutograd""",
             with self.assertRaises(ValueError) as ctx:
                 _keyset.kernel_keys(name)
         message = str(ctx.exception)
-        self.assertTrue(message.startswith("torch_cachepolicy.kernel_keys(...): "), message)
-        self.assertIn(name, message.removeprefix("torch_cachepolicy.kernel_keys(...): "))
+        self.assertTrue(message.startswith(f"{KERNEL_KEYS_API}: "), message)
+        self.assertIn(name, message.removeprefix(f"{KERNEL_KEYS_API}: "))
 
     def test_wrong_types(self) -> None:
         """Non-strings are TypeErrors naming the API, never a crash."""
         for bad in (42, None, b"aten::add.Tensor", DispatchKey.CPU):
-            with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api='kernel_keys'))}"):
+            with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api=KERNEL_KEYS_API))}"):
                 _keyset.kernel_keys(bad)  # type: ignore[arg-type]
         # An OpOverloadPacket is not one operator: which overload is meant?
         with self.assertRaisesRegex(TypeError, r"got OpOverloadPacket$"):
@@ -402,7 +405,7 @@ class TestKernelWatch(TestCase):
         """kernel_watch takes an OpOverload or a name, like kernel_keys."""
         with _use_backend(backend):
             for bad in (42, None, b"aten::add.Tensor", torch.ops.aten.add):
-                with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api='kernel_watch'))}"):
+                with self.assertRaisesRegex(TypeError, rf"^{re.escape(WRONG_TYPE.format(api=KERNEL_WATCH_API))}"):
                     _keyset.kernel_watch(bad)  # type: ignore[arg-type]
 
     @unittest.skipIf(_C is None, NO_CPP_REASON)

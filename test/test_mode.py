@@ -31,7 +31,6 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 from torch.testing._internal.common_utils import (
-    TestCase,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
@@ -61,26 +60,11 @@ def valid_entries_for_namespace(table: dict[Any, Any], ns: str) -> list[Any]:
     return [k for k in keys_for_namespace(table, ns) if not isinstance(table.get(k), _DispatchCacheBypassEntry)]
 
 
-class CachePolicyTestCase(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        testing.calls.clear()
-
-    def assertHitsMisses(self, mode: tcp.FakeTensorMode, hits: int, misses: int) -> None:
-        info = mode.cache_info()
-        self.assertEqual((info.hits, info.misses), (hits, misses), msg=str(mode.cache_report()))
-
-    def assertBypassed(self, mode: tcp.FakeTensorMode, op: Any, reason: str, count: int) -> None:
-        self.assertEqual(mode.cache_report()[op].bypasses.get(reason, 0), count, msg=str(mode.cache_report()))
-
-    def assertNotAliased(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        self.assertNotEqual(storage(a), storage(b))
-
-
-class TestBackendCaching(CachePolicyTestCase):
+class TestBackendCaching(testing.CachePolicyTestCase):
     def test_backend_op_runs_its_fake_kernel_once(self) -> None:
         """A registered-namespace op runs its fake kernel once, then hits."""
-        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
+        # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=False)
         with mode:
             x = torch.empty(2, 3, 8, 8)
             outs = [conv(x, 2) for _ in range(4)]
@@ -101,7 +85,7 @@ class TestBackendCaching(CachePolicyTestCase):
 
     def test_quantized_decomposed_ops(self) -> None:
         """Real quantized_decomposed ops shipped with torch are served from cache."""
-        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(4, testing.fresh_size())
             for _ in range(3):
@@ -201,13 +185,15 @@ def stock_bypass_reason(op: OpOverload) -> str | None:
     return None
 
 
-class TestSafety(CachePolicyTestCase):
+class TestSafety(testing.CachePolicyTestCase):
     """Each case also runs with the safety checks removed (the naive namespace
     opt-in) and must then go wrong, so these tests can fail."""
 
     @contextmanager
     def naive(self) -> Iterator[None]:
+        """The safety checks removed; crosscheck off for the modes made inside, whose wrong hits are the point."""
         with (
+            testing.crosscheck_off(),
             mock.patch.object(_driver, "check_backend_op", lambda *a, **k: None),
             mock.patch.object(_driver, "check_backend_output", lambda *a, **k: None),
             mock.patch.object(_driver, "verify_entry", lambda *a, **k: None),
@@ -270,7 +256,7 @@ class TestSafety(CachePolicyTestCase):
     def test_builtin_alias_that_is_not_a_view(self, store: str) -> None:
         """prims.as_strided returns Tensor(a!) on its input's storage: never replayed unaliased."""
         op = torch.ops.prims.as_strided.default
-        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=store == "isolated"), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=store == "isolated"))
         with mode:
             x = torch.empty(2, testing.fresh_size())
             outs = [op(x, [3, 2], [1, 3], 0) for _ in range(3)]
@@ -288,7 +274,7 @@ class TestSafety(CachePolicyTestCase):
 
     def test_declared_view_is_cached_with_aliasing(self) -> None:
         """A Tensor(a) -> Tensor(a) backend view hits and still aliases its input."""
-        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(3, 3)
             outs = [testing.op("good_view")(x) for _ in range(3)]
@@ -296,7 +282,8 @@ class TestSafety(CachePolicyTestCase):
         self.assertEqual({storage(o) for o in outs}, {storage(x)})
 
     def _mutations(self, policy: tcp.CachePolicy) -> int:
-        with tcp.FakeTensorMode(cache_policy=policy):
+        # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
+        with tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=False):
             x = torch.empty(3)
             for _ in range(3):
                 testing.op("mut")(x)
@@ -322,8 +309,28 @@ class TestSafety(CachePolicyTestCase):
         """A view schema with two tensor args bypasses instead of asserting."""
         mode = self._multi_view()
         self.assertBypassed(mode, testing.op("multi_view"), "view op with several tensor arguments", 1)
-        with self.naive(), self.assertRaisesRegex(AssertionError, "exactly one tensor arg"):
-            self._multi_view()
+        # Without the schema check torch's entry builder asserts ("exactly one tensor arg"); the miss still bypasses.
+        with self.naive():
+            naive = self._multi_view()
+        self.assertBypassed(naive, testing.op("multi_view"), "torch's entry builder cannot describe the output (AssertionError)", 1)
+
+    @parametrize("returns", ["ScalarType", "Device", "Layout", "MemoryFormat", "(Tensor, ScalarType)"])
+    def test_outputs_torch_cannot_describe_bypass(self, returns: str) -> None:
+        """An op returning a dtype, device, layout or memory format (which no aten op torch caches returns) works as
+        under stock: its miss bypasses with the reason, never raises."""
+        lib = torch.library.Library("tcp_returns", "FRAGMENT")
+        self.addCleanup(lib._destroy)
+        lib.define(f"f(Tensor x) -> {returns}")
+        values = {"ScalarType": lambda x: x.dtype, "Device": lambda x: x.device, "Layout": lambda x: x.layout,
+                  "MemoryFormat": lambda x: torch.contiguous_format, "(Tensor, ScalarType)": lambda x: (x.new_empty(2), x.dtype)}
+        torch.library.register_fake("tcp_returns::f", values[returns], lib=lib)
+        op = torch.ops.tcp_returns.f.default
+        outs = []
+        for mode in (StockMode(), tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_returns"]))):
+            with mode:
+                outs.append([str(op(torch.empty(3))) for _ in range(2)])
+        self.assertEqual(outs[1], outs[0])
+        self.assertBypassed(mode, op, "torch's entry builder cannot describe the output (AssertionError)", 2)
 
     @parametrize("overload", ["default", "ovl"])
     def test_reregistered_fake_kernel_is_not_served_old_entries(self, overload: str) -> None:
@@ -331,7 +338,8 @@ class TestSafety(CachePolicyTestCase):
         op = getattr(torch.ops.tcp_test.swappable, overload)
         extra = () if overload == "default" else (3,)
         name = op.name()
-        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
+        # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=False)
         lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             with mode:
@@ -352,7 +360,8 @@ class TestSafety(CachePolicyTestCase):
 
         def run(policy: tcp.CachePolicy) -> list[torch.dtype]:
             dtypes = []
-            with tcp.FakeTensorMode(cache_policy=policy):
+            # Crosscheck off: kernel runs are counted, and the policy without the hook must show its stale hits.
+            with tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=False):
                 x = torch.empty(2)
                 for dtype in (torch.float32, torch.int8, torch.float32, torch.int8):
                     testing.ambient["dtype"] = dtype
@@ -396,7 +405,7 @@ class TestSafety(CachePolicyTestCase):
             self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.float32)
 
 
-class TestVerification(CachePolicyTestCase):
+class TestVerification(testing.CachePolicyTestCase):
     """Note [Verify every entry on the miss that creates it], and the crosscheck
     that backs it: each test also shows the wrong hit the check prevents."""
 
@@ -417,8 +426,10 @@ class TestVerification(CachePolicyTestCase):
 
     @contextmanager
     def unverified(self) -> Iterator[None]:
-        """The naive opt-in: entries as torch builds them, nothing compared."""
+        """The naive opt-in: entries as torch builds them, nothing compared; crosscheck off for the modes made inside,
+        whose wrong hits are the point."""
         with (
+            testing.crosscheck_off(),
             mock.patch.object(_driver, "verify_entry", lambda *a, **k: None),
             mock.patch.object(_verify.InputSnapshot, "changed", lambda self: None),
         ):
@@ -486,6 +497,26 @@ class TestVerification(CachePolicyTestCase):
         self.assertBypassed(mode, op, "NaN argument", 20)
         self.assertEqual((mode.cache_report()[op].hits, mode.cache_report()[op].misses), (2, 2))
 
+    def test_view_bases_autograd_state_joins_the_key(self) -> None:
+        """A kernel reading its view argument's base (x._base.grad, x._base.requires_grad) gets one entry per state."""
+        self.lib.define("reads_base(Tensor x) -> Tensor")
+
+        def reads_base(x: torch.Tensor) -> torch.Tensor:
+            base = x._base
+            return x.new_empty(2 if base is not None and base.grad is not None else 3)
+
+        torch.library.register_fake("tcp_verify::reads_base", reads_base, lib=self.lib)
+        op = torch.ops.tcp_verify.reads_base.default
+        sizes = []
+        for mode in (StockMode(), tcp.FakeTensorMode(cache_policy=self.policy)):
+            with mode:
+                plain, graded = torch.empty(6, requires_grad=True), torch.empty(6, requires_grad=True)
+                graded.grad = torch.empty(6)
+                with torch.no_grad():
+                    sizes.append([op(base[1:]).shape[0] for base in (plain, graded, plain, graded)])
+        self.assertEqual(sizes[1], sizes[0])
+        self.assertEqual(sizes[0], [3, 2, 3, 2])
+
     def test_aliased_arguments_get_their_own_entry(self) -> None:
         """op(x, x) and op(x, y) with equal metadata are different keys."""
         self.lib.define("pair_in(Tensor a, Tensor b) -> Tensor")
@@ -551,7 +582,8 @@ class TestVerification(CachePolicyTestCase):
             return x.new_empty(n)
 
         torch.library.register_fake("tcp_verify::outer", outer, lib=self.lib)
-        mode = tcp.FakeTensorMode(cache_policy=self.policy)
+        # Crosscheck off until the limit's stale hit has shown; then on, to catch it.
+        mode = tcp.FakeTensorMode(cache_policy=self.policy, cache_crosscheck=False)
         x = mode.from_tensor(torch.empty(3))
         with mode:
             self.assertEqual(torch.ops.tcp_verify.outer(x).shape, (5,))
@@ -604,7 +636,7 @@ def entries_in_torch_storage(op: OpOverload) -> int:
 STEPS = ["cache_clear", "new_policy", "rule_change"]
 
 
-class TestAtenVerification(CachePolicyTestCase):
+class TestAtenVerification(testing.CachePolicyTestCase):
     """Note [What a hit of an aten entry can get wrong]: an aten miss compares where the output lives and the inputs
     its schema lets the kernel write. Ops defined in the aten namespace with such Meta kernels show what stock would
     replay wrongly (overriding a real aten op's kernel would outlive the test in torch's caches)."""
@@ -638,14 +670,16 @@ class TestAtenVerification(CachePolicyTestCase):
     def test_meta_kernel_a_hit_cannot_reproduce(self, kernel: str) -> None:
         """An aten op whose Meta kernel returns what torch's entry cannot rebuild, or changes its input, bypasses."""
         op = getattr(torch.ops.aten, f"_tcp_test_{kernel}").default
-        mode = tcp.FakeTensorMode(cache_crosscheck=True)
+        mode = tcp.FakeTensorMode()
         with mode:
             outs = [(op(x := torch.empty(4)), x) for _ in range(3)]
         self.assertBypassed(mode, op, self.KERNELS[kernel][2], 3)
         seen = {(o.storage_offset(), o.untyped_storage().nbytes(), storage(o) == storage(x), tuple(x.shape))
                 for o, x in outs}  # fmt: skip
         self.assertEqual(len(seen), 1, msg=f"calls differ: {seen}")
-        with StockMode():  # the control: stock replays a different output, or skips the kernel's change
+        # The control: stock replays a different output, or skips the kernel's change (crosscheck off: its own would
+        # raise on that hit).
+        with testing.crosscheck_off(), StockMode():
             x = torch.empty(4)
             first = op(x)
             x2 = torch.empty(4)
@@ -657,7 +691,7 @@ class TestAtenVerification(CachePolicyTestCase):
         )  # fmt: skip
 
 
-class TestRejectedOpsStayPrivate(CachePolicyTestCase):
+class TestRejectedOpsStayPrivate(testing.CachePolicyTestCase):
     """Note [Entries that must reproduce aliasing]: an op whose entry failed
     verification once keeps its entries in the mode's store for the mode's life."""
 
@@ -730,7 +764,7 @@ class TestRejectedOpsStayPrivate(CachePolicyTestCase):
         self.assertTrue(mode._cache.route(op).private)
 
 
-class TestIsolation(CachePolicyTestCase):
+class TestIsolation(testing.CachePolicyTestCase):
     def test_torch_globals_are_untouched(self) -> None:
         """is_builtin, the class cache and the class counters never change."""
         original_is_builtin = library_utils.is_builtin
@@ -745,7 +779,10 @@ class TestIsolation(CachePolicyTestCase):
         lib = torch.library.Library(testing.NS, "FRAGMENT")
         try:
             torch.library.register_fake(f"{testing.NS}::conv", spy, lib=lib)
-            mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=shape_env)
+            # Crosscheck off: `seen` counts kernel runs, which a crosscheck runs again.
+            mode = tcp.FakeTensorMode(
+                cache_policy=testing.backend_policy(), shape_env=shape_env, cache_crosscheck=False
+            )
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
             x = mode.from_tensor(torch.empty(2, 2, 2, 2), symbolic_context=ctx)
             n = testing.fresh_size()
@@ -846,7 +883,7 @@ class TestIsolation(CachePolicyTestCase):
         self.assertEqual(len(results[0].cache_store), 1)
 
 
-class TestIdentity(CachePolicyTestCase):
+class TestIdentity(testing.CachePolicyTestCase):
     def test_rule_change_moves_to_a_fresh_partition(self) -> None:
         """Registering a namespace after use takes effect at once: no stale negative entry."""
         policy = tcp.CachePolicy()
@@ -894,9 +931,12 @@ class TestIdentity(CachePolicyTestCase):
     def test_shared_store_keeps_policies_apart(self) -> None:
         """Two policies sharing a store never see each other's entries."""
         store = tcp.CacheStore()
-        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
-        b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: "b"), cache_store=store)
-        c = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store)
+        # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
+        a = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store, cache_crosscheck=False)
+        b = tcp.FakeTensorMode(
+            cache_policy=testing.backend_policy(context_key=lambda: "b"), cache_store=store, cache_crosscheck=False
+        )
+        c = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store, cache_crosscheck=False)
         for mode in (a, b, c):
             with mode:
                 conv(torch.empty(1, 1, 5, 5), 1)
@@ -947,7 +987,7 @@ class TestIdentity(CachePolicyTestCase):
         self.assertEqual(len(store), 1)  # b's conv entry remains
 
 
-class TestReport(CachePolicyTestCase):
+class TestReport(testing.CachePolicyTestCase):
     def test_cache_report(self) -> None:
         """cache_report() lists each op's hits, misses and bypass reasons."""
         mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[testing.NS]), shape_env=ShapeEnv())
@@ -994,7 +1034,7 @@ torch_cachepolicy.CacheReport[...]: no overload of tcp_test::pair was dispatched
 torch_cachepolicy.CacheReport[...]: tcp_test::pair.default was not dispatched by this mode""")
 
 
-class TestHigherOrderOps(CachePolicyTestCase):
+class TestHigherOrderOps(testing.CachePolicyTestCase):
     def test_cond(self) -> None:
         """torch.cond dispatches under the subclass as under stock."""
         def run(mode: Any) -> torch.Size:
@@ -1090,7 +1130,7 @@ class TestHigherOrderOps(CachePolicyTestCase):
             namespaces=[testing.NS], context_key=lambda: testing.ambient["dtype"], context_namespaces=[testing.NS]
         )
         gm = torch.fx.symbolic_trace(lambda x: (testing.op("ambient_cast")(x),))
-        mode = tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=True)
+        mode = tcp.FakeTensorMode(cache_policy=policy)
         dtypes = []
         finalizers_before = len(weakref.finalize._registry)  # type: ignore[attr-defined]
         try:
@@ -1130,7 +1170,7 @@ class TestHigherOrderOps(CachePolicyTestCase):
 # Ops whose owners declare torch's own cacheability tags (Note [Reusing
 # torch's validation] in mode.py): torch.Tag is a closed enum (tags.yaml), and
 # these three are the tags _validate_cache_key reads.
-# Their kernels count in testing.calls, which CachePolicyTestCase clears before each test.
+# Their kernels count in testing.calls, which testing.CachePolicyTestCase clears before each test.
 DECL_OPS = testing.CountedOps("tcp_decl", calls=testing.calls)
 DECL_NS = DECL_OPS.ns
 TAG_REASONS = {
@@ -1150,7 +1190,7 @@ def tagged_custom(x: torch.Tensor) -> torch.Tensor:
 tagged_custom.register_fake(DECL_OPS.counted("tagged_custom", torch.empty_like))
 
 
-class TestOwnerDeclarations(CachePolicyTestCase):
+class TestOwnerDeclarations(testing.CachePolicyTestCase):
     """What torch lets an op's owner declare about fake caching, honoured under any policy."""
 
     def _stock_bypasses(self, op: OpOverload, n: int) -> dict[str, int]:
@@ -1221,7 +1261,8 @@ class TestOwnerDeclarations(CachePolicyTestCase):
 
         register_hop_fake(hop, DECL_OPS.counted(name, torch.empty_like), skip_cache=skip_cache)
 
-        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
+        # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
+        mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=False)
         with mode:
             x = torch.empty(2, 3)
             for _ in range(3):
@@ -1229,7 +1270,7 @@ class TestOwnerDeclarations(CachePolicyTestCase):
         self.assertEqual(testing.calls[name], 3 if skip_cache else 1)
 
 
-class TestLifetime(CachePolicyTestCase):
+class TestLifetime(testing.CachePolicyTestCase):
     def test_mode_and_store_are_collected(self) -> None:
         """Dropping a mode frees it and its private store."""
         def make() -> tuple[weakref.ref[Any], ...]:
@@ -1264,7 +1305,7 @@ def _make(kind: str) -> Any:
     return StockMode() if kind == "stock" else tcp.FakeTensorMode()
 
 
-class TestDirectEntry(CachePolicyTestCase):
+class TestDirectEntry(testing.CachePolicyTestCase):
     """Note [Entering the cache directly]: stock's dispatch preamble is skipped only when it would do nothing."""
 
     def calls_through_stock_dispatch(self, calls: int) -> int:
@@ -1321,7 +1362,7 @@ class TestDirectEntry(CachePolicyTestCase):
         self.assertEqual(seen.count(torch.ops.aten.relu.default), 3)
 
 
-class TestDropIn(TestCase):
+class TestDropIn(testing.CachePolicyTestCase):
     """Cache tests ported from PyTorch's FakeTensorDispatchCache, run against
     stock and against the subclass with the default policy."""
 
@@ -1479,7 +1520,7 @@ class TestDropIn(TestCase):
             self.assertEqual(self.counts(kind, mode)[2].get("non-builtin"), 1)
 
 
-class TestBypassLog(CachePolicyTestCase):
+class TestBypassLog(testing.CachePolicyTestCase):
     def test_every_bypass_exit_logs_its_reason(self) -> None:
         """Each way a dispatch bypasses (its route, its key, a negative entry, torch's entry builder) logs the
         reason at DEBUG on torch_cachepolicy._driver."""
@@ -1507,7 +1548,7 @@ bypass tcp_test.bad_view.default: output aliases an input without a schema annot
 bypass tcp_bypass_log.unbacked.default: unrepresented symbol in output (entry builder)""")
 
 
-class TestKeyedAsTorch(CachePolicyTestCase):
+class TestKeyedAsTorch(testing.CachePolicyTestCase):
     """Arguments whose keys torch itself decides (by release) are keyed and bypassed exactly as torch does."""
 
     @parametrize("op", [aten.detach.default, aten.alias.default])

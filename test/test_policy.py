@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cachepolicy_testing as testing
+import numpy as np
 import torch
 from torch.testing._internal.common_utils import (
     TestCase,
@@ -312,10 +313,10 @@ class TestCopy(TestCase):
                 pickle.dumps(policy)
             lines.append(f"{name}: {caught.exception}")
         self.assertExpectedInline("\n".join(lines), """\
-predicate=lambda: torch_cachepolicy.CachePolicy: cannot pickle the predicate <lambda>, a lambda in TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-context_key=local function: torch_cachepolicy.CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-context_key=partial(local function): torch_cachepolicy.CachePolicy: cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
-local subclass: torch_cachepolicy.CachePolicy: cannot pickle a LocalPolicy, a class defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; define the subclass at module level""")
+predicate=lambda: pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle the predicate <lambda>, a lambda in TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=local function: pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+context_key=partial(local function): pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle the context_key local_context, a function defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; pass a module-level function
+local subclass: pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle a LocalPolicy, a class defined inside TestCopy.test_lambda_hooks_copy_but_do_not_pickle; define the subclass at module level""")
 
 
 class TestBadInput(TestCase):
@@ -701,9 +702,64 @@ def _custom_op() -> Any:
     return _CUSTOM
 
 
+class TestDecisionsMustBeBools(TestCase):
+    """A decision is a CacheDecision of bools; anything else raises TypeError instead of admitting or denying."""
+
+    @parametrize("value", ["int", "np_bool", "str"])
+    def test_cache_decision_takes_bools_only(self, value: str) -> None:
+        """CacheDecision(cacheable=...) and (explicit=...) reject truthy non-bools at construction."""
+        bad = {"int": 1, "np_bool": np.bool_(True), "str": "no"}[value]
+        with self.assertRaisesRegex(TypeError, r"CacheDecision\(\.\.\.\): cacheable and explicit must be bool"):
+            tcp.CacheDecision(bad, "user rule", "cacheable")  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, r"CacheDecision\(\.\.\.\): cacheable and explicit must be bool"):
+            tcp.CacheDecision(True, "user rule", "cacheable", bad)  # type: ignore[arg-type]
+
+    @parametrize("answer", ["bare_bool", "np_bool", "none"])
+    def test_decide_override_must_return_a_cache_decision(self, answer: str) -> None:
+        """A decide() override returning anything but a CacheDecision raises TypeError naming decide."""
+        value = {"bare_bool": True, "np_bool": np.bool_(True), "none": None}[answer]
+
+        class Overriding(tcp.CachePolicy):
+            def decide(self, op: Any) -> Any:
+                return value
+
+        mode = tcp.FakeTensorMode(cache_policy=Overriding(namespaces=[testing.NS]))
+        with self.assertRaisesRegex(TypeError, r"CachePolicy\.decide\(\.\.\.\): Overriding\.decide\(.*\) returned"):
+            with mode:
+                testing.op("pair")(torch.empty(2))
+
+
+class TestWhoDecides(TestCase):
+    """Note [Who decides about builtins]: decide() is asked about backend ops only, once per op and policy identity."""
+
+    def test_builtins_follow_the_static_rules_whatever_decide_says(self) -> None:
+        """A decide() override is never asked about aten ops: they follow deny() and include_builtins."""
+        asked: list[str] = []
+
+        class DeniesEverything(tcp.CachePolicy):
+            def decide(self, op: Any) -> tcp.CacheDecision:
+                asked.append(op.namespace)
+                return tcp.CacheDecision(False, "this override denies everything", "denied by policy")
+
+        policy = DeniesEverything(namespaces=[testing.NS])
+        policy.deny(torch.ops.aten.sin.default)
+        mode = tcp.FakeTensorMode(cache_policy=policy, cache_store=tcp.CacheStore(isolated=True))
+        with mode:
+            x = torch.empty(3)
+            for _ in range(2):
+                x.add(1), x.sin(), testing.op("pair")(x)
+        report = mode.cache_report()
+        self.assertEqual((report[torch.ops.aten.add.Tensor].hits, report[torch.ops.aten.add.Tensor].misses), (1, 1))
+        self.assertEqual(report[torch.ops.aten.sin.default].bypasses, {"denied by policy": 2})
+        self.assertEqual(report[testing.op("pair")].bypasses, {"denied by policy": 2})
+        self.assertEqual(asked, [testing.NS])  # once per op and policy identity, backend ops only
+
+
 instantiate_parametrized_tests(TestRules)
 instantiate_parametrized_tests(TestCopy)
 instantiate_parametrized_tests(TestBadInput)
+instantiate_parametrized_tests(TestDecisionsMustBeBools)
+instantiate_parametrized_tests(TestWhoDecides)
 
 
 if __name__ == "__main__":

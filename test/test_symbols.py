@@ -11,14 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import cachepolicy_testing as testing
 import torch
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, statically_known_true
-from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
+from torch._dynamo.source import ConstantSource
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    guard_or_false,
+    statically_known_true,
+)
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, run_tests
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _reasons
+from torch_cachepolicy import _reasons, _symbols
 from torch_cachepolicy._symbols import knowledge
 
 NS = "tcp_symbols"
@@ -100,6 +108,23 @@ def _unifies(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+@OPS.define("shrink(Tensor x, SymInt n) -> Tensor")
+def _shrink(x: torch.Tensor, n: Any) -> torch.Tensor:
+    return x.new_empty(n - 3)  # a size not provably non-zero: rebuilding it unsuppressed guards Ne(n - 3, 0)
+
+
+@OPS.define("makes_symbol(Tensor x, SymInt n) -> Tensor")
+def _makes_symbol(x: torch.Tensor, n: Any) -> torch.Tensor:
+    n.node.shape_env.create_unbacked_symint()  # a symbol in its argument's ShapeEnv, not in the output
+    return x.new_empty(2)
+
+
+@OPS.define("oblivious(Tensor x) -> Tensor")
+def _oblivious(x: torch.Tensor) -> torch.Tensor:
+    # Under backed_size_oblivious a backed size is reasoned about as unbacked: no guard, the other branch.
+    return x.new_empty(1) if guard_or_false(x.shape[0] == 8) else x.new_empty(x.shape[0])
+
+
 ne_guard = OPS.op("ne_guard")
 mod_guard = OPS.op("mod_guard")
 asks_range = OPS.op("asks_range")
@@ -112,6 +137,12 @@ def symbolic(mode: Any, n: int) -> torch.Tensor:
     return mode.from_tensor(torch.empty(n), symbolic_context=context)
 
 
+def backed(shape_env: ShapeEnv, hint: int = 4) -> torch.SymInt:
+    """A backed SymInt ``n`` of ``shape_env`` (equal names and hints in every ShapeEnv: equal keys)."""
+    source = ConstantSource("n")
+    return shape_env.create_symintnode(shape_env.create_symbol(hint, source), hint=hint, source=source)
+
+
 def shape_env_facts(shape_env: ShapeEnv) -> dict[str, object]:
     """What a ShapeEnv has learned, comparable across ShapeEnvs with the same symbol names."""
     return {
@@ -122,13 +153,19 @@ def shape_env_facts(shape_env: ShapeEnv) -> dict[str, object]:
     }
 
 
-class TestSymbols(TestCase):
+class TestSymbols(testing.CachePolicyTestCase):
     def run_sequence(self, sequence: Callable[[Any], list[object]]) -> tcp.FakeTensorMode:
-        """Runs ``sequence`` cached and uncached, each on a fresh ShapeEnv; asserts equal results and ShapeEnvs."""
+        """Runs ``sequence`` cached and uncached, each on a fresh ShapeEnv; asserts equal results and ShapeEnvs.
+
+        Crosscheck off: what the cached run's kernels taught its ShapeEnv is compared, and a crosscheck would run
+        every hit's kernel again in that ShapeEnv (teaching it what the hit skipped); the tests count kernel runs too.
+        """
         results, facts = [], []
         modes = []
         for cache in (True, False):
-            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv())
+            mode = tcp.FakeTensorMode(
+                cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv(), cache_crosscheck=False
+            )
             mode.cache_enabled = cache
             results.append(sequence(mode))
             facts.append(shape_env_facts(mode.shape_env))
@@ -231,6 +268,30 @@ class TestSymbols(TestCase):
         report = mode.cache_report()[OPS.op(op_name)]
         self.assertEqual((report.misses, report.hits, report.bypasses), (2, 1, {}))
 
+    def test_an_entry_made_under_backed_size_oblivious_serves_no_call_without_it(self) -> None:
+        """The configs that change how backed symbols are reasoned about (backed_size_oblivious) are part of what the
+        ShapeEnv knows: a call after the config is switched off runs the kernel, which guards."""
+        def sequence(mode: Any) -> list[object]:
+            x = symbolic(mode, 8)
+            with mode:
+                with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                    out = [str(OPS.op("oblivious")(x).shape)]
+                out.append(str(OPS.op("oblivious")(x).shape))
+            return out
+
+        mode = self.run_sequence(sequence)  # outputs and guards equal to the uncached run's
+        self.assertEqual(mode.cache_report()[OPS.op("oblivious")].misses, 2)
+
+    def test_crosscheck_catches_a_hit_that_skipped_a_guard(self) -> None:
+        """With crosscheck on, a hit whose uncached rerun adds a guard raises: here a config the key is made blind to."""
+        mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv(), cache_crosscheck=True)
+        x = symbolic(mode, 8)
+        with mock.patch.object(_symbols, "_SEMANTICS", ()), mode:
+            with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                OPS.op("oblivious")(x)
+            with self.assertRaisesRegex(tcp.CrosscheckError, "taught the ShapeEnv a guard or fact; the cache hit did not"):
+                OPS.op("oblivious")(x)
+
     def test_no_second_run_of_a_kernel_that_taught(self) -> None:
         """A kernel that taught the ShapeEnv is never run again for the caller's miss (it could raise there)."""
         def sequence(mode: Any) -> list[object]:
@@ -270,8 +331,6 @@ class TestSymbols(TestCase):
 
     def test_symbols_of_another_shape_env_bypass(self) -> None:
         """Inputs whose symbols belong to other ShapeEnvs than the mode's bypass (stock bypasses them too), never crash."""
-        from torch._dynamo.source import ConstantSource
-
         def run(cache: bool, mode_has_the_name: bool) -> tuple[list[object], list[list[str]]]:
             mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), shape_env=ShapeEnv())
             mode.cache_enabled = cache
@@ -296,8 +355,6 @@ class TestSymbols(TestCase):
     @parametrize("store", ["default", "isolated"])
     def test_aten_keys_with_symbols_of_another_shape_env_bypass(self, store: str) -> None:
         """An aten key holding another ShapeEnv's symbols bypasses, so that ShapeEnv gets its guards (stock's does not)."""
-        from torch._dynamo.source import ConstantSource
-
         def run(cache: bool) -> list[list[str]]:
             cache_store = tcp.CacheStore(isolated=store == "isolated")
             mode = tcp.FakeTensorMode(cache_store=cache_store, shape_env=ShapeEnv())
@@ -329,6 +386,47 @@ class TestSymbols(TestCase):
         self.assertNotEqual(after, before)
         torch._check(y.shape[0] < 9)
         self.assertNotEqual(knowledge(mode.shape_env, {sx}), after)
+
+
+class TestSymbolsWithoutAModeShapeEnv(testing.CachePolicyTestCase):
+    """A mode without a ShapeEnv given SymInts of a ShapeEnv bypasses, so hits never skip that ShapeEnv's guards."""
+
+    def run_both(self, sequence: Any) -> list[tuple[object, object]]:
+        """``sequence(mode, shape_env)`` cached and uncached, each on a fresh ShapeEnv the mode does not own.
+
+        Crosscheck off: the ShapeEnv's guards and symbol counter after the cached run are compared, and a crosscheck
+        would run every hit's kernel again in that ShapeEnv.
+        """
+        seen = []
+        for cache in (True, False):
+            shape_env = ShapeEnv()
+            # No shape_env.
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]), cache_crosscheck=False)
+            mode.cache_enabled = cache
+            with mode:
+                result = sequence(mode, shape_env)
+            seen.append((result, [str(g.expr) for g in shape_env.guards], shape_env.unbacked_symint_counter))
+        return seen
+
+    def test_mode_without_shape_env_adds_no_guard_of_its_own(self) -> None:
+        """A miss in a mode without a ShapeEnv leaves the SymInts' ShapeEnv with exactly the uncached run's guards."""
+        def sequence(mode: Any, shape_env: ShapeEnv) -> list[str]:
+            n = backed(shape_env)
+            return [str(OPS.op("shrink")(torch.empty(3), n).shape) for _ in range(3)]
+
+        cached, uncached = self.run_both(sequence)
+        # Before the fix: cached guards ['s.. - 3 >= 0', 'Ne(s.. - 3, 0)'], uncached ['s.. - 3 >= 0'].
+        self.assertEqual(cached, uncached)
+
+    def test_mode_without_shape_env_watches_its_inputs_shape_env(self) -> None:
+        """A kernel creating a symbol in its SymInt argument's ShapeEnv is not skipped by hits in a mode without one."""
+        def sequence(mode: Any, shape_env: ShapeEnv) -> list[str]:
+            n = backed(shape_env)
+            return [str(OPS.op("makes_symbol")(torch.empty(3), n).shape) for _ in range(3)]
+
+        cached, uncached = self.run_both(sequence)
+        # Before the fix: unbacked_symint_counter 1 cached (two hits skipped the kernel), 3 uncached.
+        self.assertEqual(cached, uncached)
 
 
 instantiate_parametrized_tests(TestSymbols)

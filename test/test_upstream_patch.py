@@ -97,11 +97,8 @@ RELEASE_ADAPTATIONS: dict[tuple[str, str], list[tuple[tuple[str, ...], tuple[str
     # that never reaches a policy entry). 0003's two calls drop func.
     ("0003-fake-tensor-cache-policy.patch", "2.15.0"): [
         (
-            (
-                "+            output = self._output_from_cache_entry(state, entry, key, func, args)"
-                "  # type: ignore[arg-type]",
-            ),
-            ("+            output = self._output_from_cache_entry(state, entry, key, args)  # type: ignore[arg-type]",),
+            ("+            output = self._output_from_cache_entry(state, entry, key, func, args)",),
+            ("+            output = self._output_from_cache_entry(state, entry, key, args)",),
         ),
         (
             ("+        synth = self._output_from_cache_entry(state, entry, key, func, args)",),

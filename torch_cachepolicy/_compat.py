@@ -203,16 +203,13 @@ def _returns_mapping(fn: Any) -> str | None:
     return _is_type(Mapping)(fn())
 
 
-def _check_profile_entry(config: Any) -> str | None:
-    # _kernels.custom_ops_profile reads it as the config module does; an alias, justknob or hide would add steps.
-    entry = config.get("_custom_ops_profile")
-    if entry is None:
-        return "has no _custom_ops_profile entry"
-    if entry.alias is not None or entry.justknob is not None or entry.hide:
-        return "reads _custom_ops_profile through an alias, a justknob or hides it"
-    if not callable(getattr(entry.user_override, "get", None)):
-        return "keeps the user override of _custom_ops_profile otherwise than in a ContextVar"
-    return None
+def _has_entries(*names: str) -> Callable[[Any], str | None]:
+    # Configs read with config_reader.
+    def check(config: Any) -> str | None:
+        missing = [name for name in names if name not in config]
+        return f"has no entries {_render(missing)}" if missing else None
+
+    return check
 
 
 # What _verify.shape_env_state reads of a ShapeEnv: sized containers, then counters.
@@ -360,7 +357,12 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(_FT, f"{_MODE}.can_run_unsafe_fallback", _BACKEND, params=("self", "func")),
     _Internal(_FT, f"{_MODE}._can_run_unsafe_fallback_allowed_namespaces", _BACKEND),
     # _kernels.custom_ops_profile reads the config entry as the config module does.
-    _Internal("torch._dynamo.config", "_config", _BACKEND, check=_check_profile_entry),
+    _Internal("torch._dynamo.config", "_config", _BACKEND, check=_has_entries("_custom_ops_profile")),
+    # _symbols.knowledge: the configs that change how backed symbols are reasoned about.
+    _Internal(
+        "torch.fx.experimental._config", "_config", _BACKEND,
+        check=_has_entries("backed_size_oblivious", "aggressive_guard_free_semantics"),
+    ),
     _Internal(
         "torch.utils._config_module", "ConfigModule.__getattr__", _BACKEND,
         refers_to=("env_value_force", "user_override", "env_value_default", "justknob", "hide"),
@@ -585,6 +587,36 @@ def off(feature: Feature) -> str | None:
     """Why ``feature`` is switched off on the installed torch (the change that did it), or None if it is on."""
     d = _OFF.get(feature)
     return None if d is None else f"torch {torch.__version__} changed {d}"
+
+
+# ------------------------------------------------------------------ configs
+
+# Note [Reading a config on the hit path]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A torch config read costs ~3 us (the config module's __getattr__), more than the rest of a hit. Its value is the
+# env override, else the (context-local) user override, else the env default, else the default (ConfigModule's
+# __getattr__, whose names _INTERNALS holds); env values are fixed at import, so a read is one ContextVar.get. An
+# entry read another way (an alias, a justknob, hidden, an override that is no ContextVar) keeps the module's own
+# read. test_fidelity.py compares the two.
+_UNSET: Any = getattr(importlib.import_module("torch.utils._config_module"), "_UNSET_SENTINEL", object())
+
+
+def config_reader(module: Any, name: str) -> Callable[[], Any]:
+    """A cheap read of the config ``module.name`` (Note [Reading a config on the hit path])."""
+    entry: Any = getattr(module, "_config", {}).get(name)
+    simple = entry is not None and entry.alias is None and entry.justknob is None and not entry.hide
+    if not (simple and callable(getattr(entry.user_override, "get", None))):
+        return lambda: getattr(module, name, None)
+    if entry.env_value_force is not _UNSET:
+        forced = entry.env_value_force
+        return lambda: forced
+    override, default = entry.user_override, entry.default if entry.env_value_default is _UNSET else entry.env_value_default
+
+    def read() -> Any:
+        value = override.get()
+        return default if value is _UNSET else value
+
+    return read
 
 
 # ------------------------------------------------------------------ gates

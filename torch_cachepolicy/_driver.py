@@ -124,7 +124,7 @@ def cached_dispatch(
         output = mode._output_from_cache_entry(key_state, entry, key, args)  # type: ignore[call-arg,arg-type]
     stats.hits += 1
     if mode.cache_crosscheck_enabled:
-        crosscheck(mode, output, func, types, args, kwargs)
+        crosscheck(mode, output, func, types, args, kwargs, shape_env=kind is not STOCK)
     return output
 
 
@@ -278,6 +278,12 @@ def _entry(mode: _Mode, state: CacheState, route: Route, call: _Call, output: ob
     synth.transient = True  # See Note [One synthesis for hits and their verification]
     try:
         entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)  # type: ignore[arg-type]
+    except _BypassDispatchCache:
+        raise
+    except Exception as e:
+        # torch's builder asserts on outputs a builtin op never returns (a dtype, a device: what stock's non-builtin
+        # bypass keeps from it); a dispatch never fails where stock's would not.
+        raise _BypassDispatchCache(_reasons.not_described(e)) from None
     finally:
         synth.transient = False
     return entry if in_torch_storage else stub_symint_output(entry, call.key_state, call.key)

@@ -25,7 +25,6 @@ dispatch: the key of the sub-table the op's entries live in.
 
 from __future__ import annotations
 
-import contextvars
 import enum
 import functools
 import importlib
@@ -42,10 +41,9 @@ from torch._library import custom_ops as _custom_ops
 from torch._ops import OpOverload
 from torch._subclasses import fake_impls as _fake_impls
 from torch._subclasses import fake_tensor as _ft
-from torch.utils import _config_module
 
 from torch_cachepolicy import _keyset, _reasons
-from torch_cachepolicy._compat import ADVICE, Feature, UnlistedKernelSourceWarning, code_names, off
+from torch_cachepolicy._compat import ADVICE, Feature, UnlistedKernelSourceWarning, code_names, config_reader, off
 from torch_cachepolicy._names import context_value
 from torch_cachepolicy._symbols import knowledge
 
@@ -247,7 +245,7 @@ SOURCES: tuple[Source, ...] = (
         "py_impl kernels: the dispatcher's choice for one without is the same either way), and _keyset.kernel_watch",
     ),
     Source(
-        "the backend fallback kernel of the Meta key (torch's raises; a Library's fallback() replaces it)",
+        "the backend fallback kernel of the Meta key (the one torch registers, which raises)",
         ("_dispatch_has_backend_fallback",), Coverage.BYPASS,
         "reached only by backend ops with no Meta, composite or fake kernel: their static-shape misses bypass "
         "(KernelDeps.runs_backend_fallback)",
@@ -491,9 +489,7 @@ class KernelDeps:
         count, kernels_then, impls = self._impls
         if count != len(_op_implementations) or kernels_then != kernels_now:
             impls = self._op_impls(kernels_now)
-        profile = _PROFILE_OVERRIDE.get()  # custom_ops_profile(), inlined: read on every hit
-        if profile is _UNSET:
-            profile = _PROFILE_DEFAULT
+        profile = custom_ops_profile()
         rules = self.rules
         py_kernels = self.py_kernels
         return _table_key((
@@ -548,31 +544,9 @@ def symbolic_table_key(
     return (table_key, known, _fake_impls.get_fast_op_impls().get(func))  # type: ignore[call-overload]
 
 
-# Note [Reading a config on the hit path]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A torch._dynamo config read costs ~3 us (the module's __getattr__), more than the rest of a hit. The value is
-# the env override, else the (context-local) user override, else the env default, else the default; env values
-# are fixed at import, so a read is one ContextVar.get. _compat checks at import that the entry has no alias or
-# justknob and that its override is a ContextVar; test_fidelity.py compares this with the module's read.
-_UNSET: Any = getattr(_config_module, "_UNSET_SENTINEL", object())
-_PROFILE_OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("_custom_ops_profile_unread", default=_UNSET)
-_PROFILE_DEFAULT: Any = None
-if _BACKEND_OFF is None:  # else the entry is read by nobody: backend ops bypass
-    _PROFILE_ENTRY = torch._dynamo.config._config["_custom_ops_profile"]  # type: ignore[attr-defined]
-    _PROFILE_OVERRIDE = (
-        _PROFILE_ENTRY.user_override
-        if _PROFILE_ENTRY.env_value_force is _UNSET
-        else contextvars.ContextVar("_custom_ops_profile_forced", default=_PROFILE_ENTRY.env_value_force)
-    )
-    _PROFILE_DEFAULT = (
-        _PROFILE_ENTRY.default if _PROFILE_ENTRY.env_value_default is _UNSET else _PROFILE_ENTRY.env_value_default
-    )
-
-
-def custom_ops_profile() -> Any:
-    """``torch._dynamo.config._custom_ops_profile``, cheaply (Note [Reading a config on the hit path])."""
-    value = _PROFILE_OVERRIDE.get()
-    return _PROFILE_DEFAULT if value is _UNSET else value
+# Read on every backend hit (Note [Reading a config on the hit path] in _compat.py).
+custom_ops_profile = config_reader(torch._dynamo.config, "_custom_ops_profile")
+"""``torch._dynamo.config._custom_ops_profile``, cheaply."""
 
 
 check_sources()

@@ -235,7 +235,8 @@ def _extend_key(
         base = tensors[i]._base
         assert base is not None
         is_arg = next((j for j, t in enumerate(tensors) if t is base), -1)
-        values.append(("view of", i, is_arg, base.dtype, base.dim()))
+        # Its autograd state too: the argument's own .grad bypasses, its base's may be read as well.
+        values.append(("view of", i, is_arg, base.dtype, base.dim(), base.requires_grad, base._grad is not None))
         for v in (*base.shape, *base.stride(), base.storage_offset()):
             if isinstance(v, torch.SymInt):
                 state.convert_sym_int(values, v)

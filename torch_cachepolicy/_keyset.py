@@ -58,17 +58,20 @@ def _qualified_name(op: object, api: str) -> str:
         return op.name()
     if isinstance(op, str):
         return op
-    raise TypeError(f"torch_cachepolicy.{api}(...): expected an OpOverload or a 'ns::name.overload' string, got {type(op).__name__}")
+    raise TypeError(f"{api}: expected an OpOverload or a 'ns::name.overload' string, got {type(op).__name__}")
 
 
 def kernel_keys(op: torch._ops.OpOverload | str) -> frozenset[DispatchKey]:
     """The :data:`KEYS` with a kernel registered directly for ``op`` (an OpOverload or name); ValueError if unknown."""
-    name = _qualified_name(op, "kernel_keys")
+    name = _qualified_name(op, "torch_cachepolicy.CachePolicy.decide(...)")
     base, _, overload = name.partition(".")
     try:
         torch._C._dispatch_find_schema_or_throw(base, overload)
     except RuntimeError as e:
-        raise ValueError(f"torch_cachepolicy.kernel_keys(...): {e}") from None
+        raise ValueError(
+            f"torch_cachepolicy.CachePolicy.decide(...): {e}; decide on an operator that is registered (destroying "
+            "its Library unregisters it)"
+        ) from None
     return frozenset(key for key in KEYS if torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
 
 
@@ -93,7 +96,7 @@ def kernel_watch(op: torch._ops.OpOverload | str) -> KernelWatch:
     kernel objects (Note [Kernel fingerprints] in ``csrc/keyset.cpp``: re-registered is new, even at the same
     address), with process-wide values, at 0.1-0.4 us a call. TypeError unless ``op`` is an ``OpOverload`` or a str.
     """
-    name = _qualified_name(op, "kernel_watch")
+    name = _qualified_name(op, "torch_cachepolicy.FakeTensorMode.dispatch(...)")
     ext = _native.extension()
     if ext is not None:
         watch: KernelWatch = ext.KernelWatch(name, [k.value for k in FAKE_KERNEL_KEYS])

@@ -53,6 +53,11 @@ def hit_would_differ(field: str) -> str:
     return f"a hit would differ in {field}"
 
 
+def not_described(error: BaseException) -> str:
+    """torch's entry builder raised ``error`` describing the output (a value type it never meets for aten)."""
+    return f"torch's entry builder cannot describe the output ({type(error).__name__})"
+
+
 def not_rebuilt(error: BaseException) -> str:
     """Building the output a hit would return raised ``error``."""
     return f"a hit could not rebuild the output ({type(error).__name__})"

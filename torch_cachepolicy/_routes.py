@@ -86,10 +86,16 @@ def route_for(policy: CachePolicy, func: object, stats: OpStats, private: bool) 
         route.private = True
         route.slots = GENERIC_SLOTS
         return route, True
-    decision = policy.decide(func)
+    builtin = func.namespace in BUILTIN_NAMESPACES
+    # Note [Who decides about builtins]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # decide() is the policy's word on backend ops; aten/prim/prims follow CachePolicy's own static rules (deny,
+    # include_builtins, the structural checks) even where a subclass overrides decide(), as the upstream hook asks
+    # nothing about them (a C++ FakeTensor cannot call Python per aten dispatch). Either answer is asked once per
+    # op and policy identity: a route memoizes it.
+    decision = CachePolicy.decide(policy, func) if builtin else policy.decide(func)
     if type(decision) is not CacheDecision:
         raise TypeError(f"torch_cachepolicy.CachePolicy.decide(...): {type(policy).__name__}.decide({func}) returned {decision!r}; return a CacheDecision")
-    builtin = func.namespace in BUILTIN_NAMESPACES
     if not decision.cacheable:
         route = Route(BYPASS, func, stats, decision.label)
         route.taints = decision.label == _reasons.DENIED

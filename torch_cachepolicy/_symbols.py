@@ -10,7 +10,8 @@
 # ShapeEnv._maybe_evaluate_static reads it: the replacements of those symbols
 # (followed), the value ranges of the symbols reached, the guards and
 # divisibility facts whose symbols are all among them, the deferred runtime
-# assertions on them, and which are size-like. A guard about other symbols
+# assertions on them, which are size-like, and the configs that change how
+# backed symbols are reasoned about (backed_size_oblivious, ...). A guard about other symbols
 # leaves the entry reachable; a new fact about its own selects a new sub-table.
 # The entry is filed under the knowledge before its kernel ran, so a kernel that
 # taught the ShapeEnv about its own symbols misses once more on the next call
@@ -29,9 +30,11 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+import torch.fx.experimental._config
 from torch._subclasses.fake_tensor import _BypassDispatchCache
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from torch_cachepolicy._compat import config_reader
 from torch_cachepolicy._reasons import UNKNOWN_SYMBOL
 
 
@@ -72,6 +75,11 @@ class _Index:
 
 _indexes: weakref.WeakKeyDictionary[Any, _Index] = weakref.WeakKeyDictionary()
 _suppress_guards_tls = ShapeEnv._suppress_guards_tls
+# The configs that change what a kernel's guard_or_false / statically_known_true answer about backed symbols.
+_SEMANTICS = tuple(
+    config_reader(torch.fx.experimental._config, name)
+    for name in ("backed_size_oblivious", "aggressive_guard_free_semantics")
+)
 _NONE: frozenset[Any] = frozenset()
 
 
@@ -124,4 +132,5 @@ def knowledge(shape_env: Any, symbols: Iterable[Any], as_recording: bool = False
             raise _BypassDispatchCache(UNKNOWN_SYMBOL)
         rows.append((str(s), replacements.get(s), value_range, len(asserts.get(s, ())), s in size_like))
     per_symbol = tuple(sorted(rows, key=lambda row: row[0]))
-    return (per_symbol, frozenset(facts), divisible, None if as_recording else recording(shape_env))
+    semantics = tuple(read() for read in _SEMANTICS)
+    return (per_symbol, frozenset(facts), divisible, semantics, None if as_recording else recording(shape_env))

@@ -362,12 +362,14 @@ class CrosscheckError(RuntimeError):
 
 
 def crosscheck(
-    mode: _Mode, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
+    mode: _Mode, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object],
+    *, shape_env: bool = False,
 ) -> None:
     """Re-runs a hit's call uncached on ``mode`` and compares it with ``output``.
 
     Compares :func:`describe` (as the miss-time verification does), torch's ``assert_metadata_eq`` per tensor
-    pair, and the inputs against a snapshot taken before the rerun (a kernel changing them was skipped by the hit).
+    pair, the inputs against a snapshot taken before the rerun (a kernel changing them was skipped by the hit), and,
+    with ``shape_env`` (a backend or higher-order op: a hit must never skip a guard), the mode's ShapeEnv.
 
     Raises:
         CrosscheckError: the two differ, or the uncached dispatch raised.
@@ -375,19 +377,32 @@ def crosscheck(
     # Describe the hit before the rerun, which may change the inputs.
     hit = describe(output, args, kwargs)
     snapshot = InputSnapshot(args, kwargs)
+    env = mode.shape_env if shape_env else None
+    env_before = None if env is None else shape_env_state(env)
     # Proxy tracing off, as torch 2.15's own crosscheck: the rerun must not add nodes to a graph being traced.
     with _ft.disable_fake_tensor_cache(mode), disable_proxy_modes_tracing():
         try:
             expected = mode._dispatch_impl(func, types, args, kwargs)
         except Exception as e:
             raise CrosscheckError(
-                f"FakeTensorMode cache crosscheck: {func} raised when dispatched uncached after a hit: {e!r}"
+                f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): {func} raised when dispatched uncached "
+                f"after a cache hit: {e!r}; if its kernel reads state the cache key cannot see, declare that state "
+                "with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and report this "
+                "with your torch version"
             ) from e
+    if env is not None and shape_env_state(env) != env_before:
+        raise CrosscheckError(
+            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): an uncached dispatch of {func} taught the "
+            "ShapeEnv a guard or fact; the cache hit did not. If its kernel reads a config the cache key cannot see, "
+            "declare it with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and "
+            "report this with your torch version"
+        )
     changed = snapshot.changed()
     if changed is not None:
         raise CrosscheckError(
-            f"FakeTensorMode cache crosscheck: an uncached dispatch of {func} changed "
-            f"an input's {changed}; the cache hit did not"
+            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): an uncached dispatch of {func} changed "
+            f"an input's {changed}; the cache hit did not. Deny the op with CachePolicy.deny(...) and report this "
+            "with your torch version"
         )
     diff = first_difference(hit, describe(expected, args, kwargs))
     if diff is None:
@@ -397,8 +412,10 @@ def crosscheck(
             diff = str(e)
     if diff is not None:
         raise CrosscheckError(
-            f"FakeTensorMode cache crosscheck: the cached output of {func} differs "
-            f"from an uncached dispatch in {diff}"
+            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): the cached output of {func} differs "
+            f"from an uncached dispatch in {diff}; if its kernel reads state the cache key cannot see, declare that "
+            "state with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and report "
+            "this with your torch version"
         )
 
 

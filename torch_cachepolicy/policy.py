@@ -273,7 +273,11 @@ class CachePolicy:
         return None if self._context_hook is None else self._context_hook()
 
     def decide(self, op: OpOverload) -> CacheDecision:
-        """Whether ``op`` may be cached, and why. Memoized per OpOverload."""
+        """Whether ``op`` may be cached, and why. Memoized per OpOverload.
+
+        A policy mode asks it once per op and policy identity, and only about ops outside aten/prim/prims: those
+        follow this class's own rules (``deny``, ``include_builtins``) even where a subclass overrides ``decide``.
+        An override must give the same answer for the same op while the rules are unchanged."""
         return self._decide("torch_cachepolicy.CachePolicy.decide(...)", op)
 
     def is_cacheable(self, op: OpOverload) -> bool:
@@ -421,15 +425,15 @@ class CachePolicy:
         problem = _unpicklable_by_name(type(self))
         if problem is not None:
             raise pickle.PicklingError(
-                f"torch_cachepolicy.CachePolicy: cannot pickle a {type(self).__name__}, {problem}; "
-                "define the subclass at module level"
+                f"pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle a {type(self).__name__}, "
+                f"{problem}; define the subclass at module level"
             )
         for role, hook in (("predicate", self._predicate), ("context_key", self._context_hook)):
             problem = _unpicklable_by_name(hook)
             if problem is not None:
                 raise pickle.PicklingError(
-                    f"torch_cachepolicy.CachePolicy: cannot pickle the {role} {_hook_name(hook)}, {problem}; "
-                    "pass a module-level function"
+                    f"pickle.dumps(torch_cachepolicy.CachePolicy(...)): cannot pickle the {role} {_hook_name(hook)}, "
+                    f"{problem}; pass a module-level function"
                 )
         return super().__reduce_ex__(protocol)
 

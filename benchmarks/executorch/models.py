@@ -100,7 +100,7 @@ class _SeparableBlock(torch.nn.Module):
 
 # The large model: 14 separable blocks (29 convolutions, 10 residual adds),
 # 1x3x64x64 input. Sized so that fake dispatch of backend ops is a large part
-# of the stock Ethos-U55 lowering (docs/executorch.md has the measured share).
+# of the stock Ethos-U55 lowering (`python -m benchmarks.executorch --split` measures the share).
 _LARGE_WIDTHS = (16, 24, 24, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 128)
 _LARGE_STRIDES = (1, 2, 1, 2, 1, 1, 2, 1, 1, 1, 1, 1, 1, 2)
 

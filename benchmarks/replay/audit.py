@@ -12,7 +12,7 @@ its kernel would take. The targets compare what each configuration serves
 correctly, so a configuration cannot win by serving stale entries.
 
 The policy files a symbolic entry under what the ShapeEnv knows about the
-key's symbols (Note [What the ShapeEnv knows] in torch_cachepolicy/_key.py), so
+key's symbols (Note [What the ShapeEnv knows] in torch_cachepolicy/_symbols.py), so
 the first call of a node after the ShapeEnv learnt something is a miss even
 where reuse would have been right, as it is for a kernel that never asks. The
 audit counts those calls (``relearnt``: a node dispatched again, not served,

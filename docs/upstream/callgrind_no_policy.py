@@ -30,8 +30,9 @@ Those three run without a policy, unpatched and with the series: the
 no-policy overhead. Three more price a policy hit against a stock hit of the
 same op (``--workloads all``):
 
-* ``hit+policy``: ``hit`` with a policy attached (series): ``decide``, then
-  the stock path;
+* ``hit+policy``: ``hit`` with a policy attached (series): the policy's
+  routing, then the stock path (aten ops are not passed to ``decide`` since
+  v5 of the series);
 * ``q+swap``: ``bypass`` with ``is_builtin`` swapped to admit the namespace
   (unpatched torch; ExecuTorch PR 21700's swap): a stock hit of the backend op;
 * ``q+policy``: ``bypass`` with a policy admitting the namespace (series): a

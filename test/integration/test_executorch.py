@@ -311,8 +311,8 @@ class TestEthosULowering(TestCase):
 
 # Stock modes that still serve fake dispatches during a policy lowering, by
 # flow: where they are created (a path suffix of the creating frame). Each is
-# listed, with its cost, in docs/executorch.md ("Modes the policy does not
-# reach"); a site missing here fails test_unreached_modes_are_known.
+# listed in docs/executorch.md, with the command that measures its cost; a
+# site missing here fails test_unreached_modes_are_known.
 UNREACHED_LOWERING_SITES: dict[str, tuple[str, ...]] = {
     "ethos-u55": (),
     # A throwaway FakeTensorMode() for one scratch-buffer placeholder per

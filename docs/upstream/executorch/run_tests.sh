@@ -7,18 +7,19 @@
 #       test function), unpatched torch + unpatched ExecuTorch against the series + patched ExecuTorch,
 #       each run to the end (no time cap), compared test by test from the two junit XML files.
 #
-# Usage (from anywhere):
-#   TORCH_TREE=/work/up/v4tree213 docs/upstream/executorch/run_tests.sh build   # trees only
-#   TORCH_TREE=/work/up/v4tree213 docs/upstream/executorch/run_tests.sh unit    # (1), both ways
-#   TORCH_TREE=/work/up/v4tree213 docs/upstream/executorch/run_tests.sh arm     # (2), both runs in parallel
-#   TORCH_TREE=/work/up/v4tree213 docs/upstream/executorch/run_tests.sh all     # build, unit, arm
+# Usage (from anywhere; WORK, PY and, for unit/arm/all, TORCH_TREE are required):
+#   export WORK=<scratch dir> PY=<venv>/bin/python TORCH_TREE=<dir holding torch/ with the series>
+#   docs/upstream/executorch/run_tests.sh build   # trees only
+#   docs/upstream/executorch/run_tests.sh unit    # (1), both ways
+#   docs/upstream/executorch/run_tests.sh arm     # (2), both runs in parallel
+#   docs/upstream/executorch/run_tests.sh all     # build, unit, arm
 #
 # Environment:
 #   TORCH_TREE  a directory holding torch/ with the series applied (put first on PYTHONPATH), e.g. a
 #               hardlinked copy of site-packages/torch with the patched fake_tensor.py. Required.
-#   WORK        where the trees, the side directory and the results go (default /work/up/et).
-#   PY          the interpreter with torch 2.13 and ExecuTorch 1.5.1 installed
-#               (default /work/main/.venv/bin/python). Nothing is installed into it or written in its
+#   WORK        where the trees, the side directory and the results go. Required (no default).
+#   PY          the interpreter with torch 2.13 and ExecuTorch 1.5.1 installed. Required (no
+#               default). Nothing is installed into it or written in its
 #               site-packages: the ExecuTorch copies are `cp -al` (hardlinks) of the installed package,
 #               and every file the patch modifies is replaced by a real copy before patching.
 #   ARM_SERIAL  set to 1 to run the two Arm runs one after the other instead of in parallel.
@@ -29,8 +30,8 @@
 # Layout under WORK:
 #   unpatched/executorch  hardlinked copy of the installed package (the "without" ExecuTorch)
 #   patched/executorch    the same with the patch applied (patch -p1 --fuzz=0, checked for no offsets)
-#   deps/                 pandas, pytz, tzdata (pip --target; devtools.inspector, which the Arm tester
-#                         imports, needs pandas; the venv has none)
+#   deps/                 pandas, pytz, tzdata, python-dateutil, six (pip --target; devtools.inspector,
+#                         which the Arm tester imports, needs pandas; the venv has none)
 #   results/              junit XML, logs, summaries
 #
 # Each run prints which copies of executorch and torch it imports. The Arm tests are run from
@@ -40,8 +41,9 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PATCH=$HERE/0001-exportpass-fake-tensor-cache-policy.patch
-WORK=${WORK:-/work/up/et}
-PY=${PY:-/work/main/.venv/bin/python}
+: "${WORK:?set WORK to the directory for the trees, deps and results}"
+: "${PY:?set PY to the python of the venv with torch 2.13.0 and ExecuTorch 1.5.1}"
+[ -x "$PY" ] || { echo "PY=$PY is not an executable" >&2; exit 2; }
 SP=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 RES=$WORK/results
 DEPS=$WORK/deps
@@ -94,8 +96,8 @@ build() {
   out=$(patch -p1 --fuzz=0 --no-backup-if-mismatch -d "$et" < "$PATCH")
   echo "$out"
   if grep -qiE 'offset|fuzz|fail' <<<"$out"; then echo "patch did not apply exactly" >&2; exit 1; fi
-  if [ ! -d "$DEPS/pandas" ]; then
-    "$PY" -m pip install -q --target "$DEPS" --no-deps "pandas==2.3.3" pytz tzdata
+  if [ ! -d "$DEPS/pandas" ] || [ ! -d "$DEPS/dateutil" ]; then
+    "$PY" -m pip install -q --target "$DEPS" --no-deps "pandas==2.3.3" pytz tzdata python-dateutil six
   fi
   mkdir -p "$RES"
 }
