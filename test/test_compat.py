@@ -190,6 +190,19 @@ class TestCompat(TestCase):
         self.assertEqual(self.check(str(torch.__version__)), [])
         self.assertIn(_compat.torch_minor(str(torch.__version__)), [(2, 13), (2, 14), (2, 15)])
 
+    def test_every_gate_is_on_for_a_tested_torch(self) -> None:
+        """On a tested release no fast path is switched off (a gate turning off would silently cost speed)."""
+        gates = {
+            "FAKE_TENSOR_CONSTRUCTOR_KNOWN": _compat.FAKE_TENSOR_CONSTRUCTOR_KNOWN,
+            "SYMBOLIC_KEYS": _compat.SYMBOLIC_KEYS,
+        }
+        self.assertEqual([name for name, on in gates.items() if not on], [])
+        self.assertEqual({feature: _compat.off(feature) for feature in _compat.Feature if _compat.off(feature)}, {})
+        # Release-dependent, not a fast path: which of the two releases' key the builder reproduces.
+        minor = _compat.torch_minor(str(torch.__version__))
+        self.assertEqual(_compat.SYMBOLIC_MEMORY_FORMAT_GUARDS, minor == (2, 13))
+        self.assertEqual(_compat.SYNTHESIS_TAKES_FUNC, minor in [(2, 13), (2, 14)])
+
     def test_requirement_is_version_py_s(self) -> None:
         """setup.py reads version.py's torch requirement, pyproject.toml's build requirement equals it, no upper cap."""
         from torch_cachepolicy import version
@@ -241,7 +254,7 @@ class TestCompat(TestCase):
         (message,) = self.check("2.15.0", drift)
         self.assertExpectedInline(
             message,
-            """torch_cachepolicy: torch 2.15.0 changed private internals this package builds on (_tcp_compat_test_fake_tensor.FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), expected (self, state, key, func, args, kwargs, output, ...)). Switched off: the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, backend ops uncached); caching of backend and higher-order operators (they bypass; aten ops stay cached); the C++ key builder (torch's _cache_key builds every key); building hits without dispatch (torch's _output_from_cache_entry builds every hit); entering the cache directly (stock's FakeTensorMode.dispatch runs first). Everything else works as stock FakeTensorMode does. torch_cachepolicy is tested on torch 2.13.0, 2.14.1, 2.15.0; please report this with your torch version (pip install "torch==2.15.0" gives a tested release)""",  # noqa: B950
+            """torch_cachepolicy: torch 2.15.0 changed private internals this package builds on (_tcp_compat_test_fake_tensor.FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), expected (self, state, key, func, args, kwargs, output, ...)). Switched off: the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, backend ops uncached); caching of backend and higher-order operators (they bypass; aten ops stay cached); the C++ key builder (torch's _cache_key builds every key); building hits without dispatch (torch's _output_from_cache_entry builds every hit). Everything else works as stock FakeTensorMode does. torch_cachepolicy is tested on torch 2.13.0, 2.14.1, 2.15.0; please report this with your torch version (pip install "torch==2.15.0" gives a tested release)""",  # noqa: B950
         )
 
     def test_features_rest_on_the_cache(self) -> None:
@@ -249,8 +262,7 @@ class TestCompat(TestCase):
         cache = _compat.Drift("x", "changed", _compat.Feature.CACHE)
         self.assertEqual(
             set(_compat.switched_off((cache,))),
-            {_compat.Feature.CACHE, _compat.Feature.BACKEND, _compat.Feature.KEY_BUILDER, _compat.Feature.HIT_BUILDER,
-             _compat.Feature.DIRECT},
+            {_compat.Feature.CACHE, _compat.Feature.BACKEND, _compat.Feature.KEY_BUILDER, _compat.Feature.HIT_BUILDER},
         )
         backend = _compat.Drift("y", "changed", _compat.Feature.BACKEND)
         self.assertEqual(set(_compat.switched_off((backend,))), {_compat.Feature.BACKEND})

@@ -1,18 +1,22 @@
 # Owner(s): ["module: fakeTensor"]
 """Statements of README.md, docs/guide.md, docs/api.md and docs/design.md that no other test checks.
 
-Each test names the statement it holds the code to; the others are listed, with their tests, beside the docs
-(test/test_docs.py runs the docs' code blocks, test/test_api_docs.py their API blocks).
+Each test names the statement it holds the code to. test/doc_statements.md lists every statement of the four docs
+with the tests that check it (these and others), or marks it as shown by an executed code block (test/test_docs.py
+runs the docs' code blocks, test/test_api_docs.py their API blocks); TestStatementList holds that list to the docs and
+the tests.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pathlib
 import re
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DispatchCacheInfo
 from torch._subclasses.fake_tensor import FakeTensorMode as StockFakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -118,6 +122,19 @@ class TestReadme(TestCase):
         self.assertIn("$(MAKE) test-torch TORCH=2.14.1 SUITE=core", recipe)
         self.assertRegex((ROOT / ".ci" / "run").read_text(), r"\nmake test\n")
 
+    def test_layout_names_are_defined(self) -> None:
+        """README's Layout: each class a row names is defined in one of that row's modules."""
+        rows = re.findall(r"^\| (`torch_cachepolicy/.*?) \| (.*) \|$", (ROOT / "README.md").read_text(), re.M)
+        self.assertGreater(len(rows), 20)
+        missing = []
+        for paths, what in rows:
+            modules = [f.removeprefix("torch_cachepolicy/").removesuffix(".py").replace("/", ".")
+                       for f in BACKTICKED.findall(paths) if f.startswith("torch_cachepolicy/")]
+            for name in re.findall(r"`([A-Z]\w+)`", what):
+                if f"stock's `{name}`" not in what and not any(hasattr(importlib.import_module(f"torch_cachepolicy.{m}"), name) for m in modules):
+                    missing.append((paths, name))
+        self.assertEqual(missing, [])
+
     def test_torch_versions(self) -> None:
         """README's torch requirement and tested releases are version.py's."""
         readme = (ROOT / "README.md").read_text()
@@ -150,6 +167,7 @@ by_leaf = define("by_leaf(Tensor x) -> Tensor", lambda x: x.new_empty(1 if x.is_
 # No Meta, composite or fake kernel: admitted only by its decomposition; torch's trivial fake impl of an op that
 # returns nothing runs where the Meta key's backend fallback is reached.
 touch = define("touch(Tensor(a!) x) -> ()", None)
+ruled = define("ruled(Tensor x) -> Tensor", lambda x: torch.empty_like(x))
 
 
 class _ProxySlot(TorchDispatchMode):
@@ -275,6 +293,41 @@ class TestGuideTable(TestCase):
                 touch(x)
         self.assertBypassed(mode, touch, _reasons.BACKEND_FALLBACK, 2)
 
+    def test_propagate_real_tensors(self) -> None:
+        """Under `propagate_real_tensors` higher-order ops bypass and aten ops behave as under stock (backend ops:
+        test_fidelity)."""
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        gm = torch.fx.symbolic_trace(lambda t: (t.sin(),))
+        mode = tcp.FakeTensorMode(cache_policy=self.policy(), cache_crosscheck=False)
+        mode.propagate_real_tensors = True  # set after construction, stock's mode still caches aten ops
+        with mode:
+            x = torch.empty(2, 13)
+            for _ in range(2):
+                torch.ops.aten.cosh.default(x)
+                invoke_subgraph(gm, "sub", x)
+        report = mode.cache_report()
+        row = report[torch.ops.aten.cosh.default]
+        self.assertEqual((row.hits, row.misses, row.bypasses), (1, 1, {}))
+        self.assertEqual(report["invoke_subgraph"].bypasses, {_reasons.REAL_TENSORS: 2})
+
+    def test_class_rule_is_not_counted(self) -> None:
+        """An op a rule for the FakeTensorMode class replaces runs that rule, uncached and not counted."""
+        calls = []
+
+        def rule(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> torch.Tensor:
+            calls.append(func)
+            return mode.from_tensor(torch.empty(3, dtype=torch.int8))
+
+        with torch.library._scoped_library(NS, "FRAGMENT") as lib:
+            torch.library.register_torch_dispatch(ruled, StockFakeTensorMode, rule, lib=lib)
+            mode = tcp.FakeTensorMode(cache_policy=self.policy())
+            with mode:
+                outs = [ruled(torch.empty(2)) for _ in range(2)]
+        self.assertEqual((len(calls), outs[1].dtype), (2, torch.int8))
+        with self.assertRaises(KeyError):
+            mode.cache_report()[ruled]
+
     def test_policy_decisions_are_counted_and_nothing_is_stored(self) -> None:
         """An op the policy does not admit is dispatched uncached, counted under the decision's label, never stored."""
         view_as = torch.ops.aten.view_as.default
@@ -300,6 +353,55 @@ class TestGuideTable(TestCase):
             self.assertEqual(sum(1 for k in list(StockFakeTensorMode.cache) if k.key[0] is op), before, msg=label)
 
 
+# ------------------------------------------------------------------ guide.md: own the mode, read the report
+
+
+class TestGuideCacheApi(TestCase):
+    """docs/guide.md, "Exporter authors": the cache API of a mode and of the class."""
+
+    def policy(self) -> tcp.CachePolicy:
+        return tcp.CachePolicy(namespaces=[NS])
+
+    def test_cache_info_is_torchs_type(self) -> None:
+        """`mode.cache_info()` is torch's `DispatchCacheInfo` for this instance."""
+        self.assertIsInstance(tcp.FakeTensorMode().cache_info(), DispatchCacheInfo)
+
+    def test_instance_clear_leaves_torchs_storage(self) -> None:
+        """`mode.cache_clear()` leaves torch's storage alone: another mode hits the aten entry it made."""
+        a, b = tcp.FakeTensorMode(), tcp.FakeTensorMode()
+        with a:
+            torch.empty(3, 29).cosh()
+        a.cache_clear()
+        with b:
+            torch.empty(3, 29).cosh()
+        row = b.cache_report()[torch.ops.aten.cosh.default]
+        self.assertEqual((row.hits, row.misses), (1, 0))
+
+    def test_class_clear_clears_live_policy_modes(self) -> None:
+        """`tcp.FakeTensorMode.cache_clear()` resets every live policy mode's counters and entries."""
+        mode = tcp.FakeTensorMode(cache_policy=self.policy())
+        with mode:
+            x = torch.empty(3)
+            fresh(x), fresh(x)
+        tcp.FakeTensorMode.cache_clear()
+        self.assertEqual((mode.cache_info().hits, mode.cache_info().misses, len(mode.cache_store)), (0, 0, 0))
+        with mode:
+            fresh(x)
+        self.assertEqual(mode.cache_report()[fresh].misses, 1)
+
+    def test_switching_policy_keeps_old_entries(self) -> None:
+        """`mode.cache_policy = other` switches policy; the old policy's entries stay in their own partition."""
+        first, other = self.policy(), tcp.CachePolicy(namespaces=[NS], deny=[twins])
+        mode = tcp.FakeTensorMode(cache_policy=first)
+        with mode:
+            x = torch.empty(3)
+            for policy in (first, other, first):
+                mode.cache_policy = policy
+                fresh(x)
+        row = mode.cache_report()[fresh]
+        self.assertEqual((row.hits, row.misses), (1, 2))
+
+
 # ------------------------------------------------------------------ api.md: the notes under the blocks
 
 
@@ -316,11 +418,72 @@ class TestApiNotes(TestCase):
         row = tcp.OpReport("ns::op.default", hits=2, misses=1, bypasses={"a": 3, "b": 4})
         self.assertEqual((row.namespace, row.calls), ("ns", 10))
 
+    def test_subclass_of_torchs_mode(self) -> None:
+        """FakeTensorMode is a subclass of torch's; `**kwargs` go to its constructor."""
+        mode = tcp.FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True)
+        self.assertIsInstance(mode, StockFakeTensorMode)
+        self.assertEqual((mode.allow_non_fake_inputs, mode.static_shapes), (True, True))
+
     def test_cache_policy_none_installs_the_default(self) -> None:
         """Assigning None to FakeTensorMode.cache_policy installs CachePolicy()."""
         mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=[NS]))
         mode.cache_policy = None  # type: ignore[assignment]
         self.assertTrue(mode.cache_policy.is_stock_equivalent)
+
+
+# ------------------------------------------------------------------ test/doc_statements.md
+
+STATEMENTS = ROOT / "test" / "doc_statements.md"
+LISTED_DOCS = ("README.md", "docs/guide.md", "docs/api.md", "docs/design.md")
+EXECUTED = "executed block (test/test_docs.py)"
+
+
+def listed() -> dict[str, list[tuple[str, list[str]]]]:
+    """``{doc: [(excerpt, [checked by, ...])]}`` from test/doc_statements.md's tables, one per ``## doc`` section."""
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    for section in STATEMENTS.read_text().split("\n## ")[1:]:
+        doc, _, body = section.partition("\n")
+        rows = re.findall(r"^\| (.+?) \| (.+?) \|$", body, re.M)
+        found[doc.strip()] = [(e, c.split(", ")) for e, c in rows if (e, c) not in (("statement", "checked by"), ("---", "---"))]
+    return found
+
+
+def squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+class TestStatementList(TestCase):
+    def test_sections_are_the_docs(self) -> None:
+        """test/doc_statements.md has one table per doc, for exactly README.md, guide.md, api.md and design.md."""
+        tables = listed()
+        self.assertEqual(sorted(tables), sorted(LISTED_DOCS))
+        self.assertTrue(all(len(rows) > 10 for rows in tables.values()))
+
+    def test_excerpts_are_in_their_doc(self) -> None:
+        """Every excerpt is a verbatim piece of its doc (whitespace collapsed), 15 to 120 characters long."""
+        bad = []
+        for doc, rows in listed().items():
+            text = squash((ROOT / doc).read_text())
+            bad += [(doc, e) for e, _ in rows if squash(e) not in text or not 15 <= len(e) <= 120]
+        self.assertEqual(bad, [])
+
+    def test_checking_tests_exist(self) -> None:
+        """Every test a row names exists: its file, its class, and the method (a parametrized test's def) on it."""
+        methods: dict[tuple[str, str], set[str]] = {}
+        missing = []
+        for doc, rows in listed().items():
+            for excerpt, checks in rows:
+                for check in checks:
+                    if check == EXECUTED:
+                        continue
+                    path, cls, name = (check.split("::") + ["", ""])[:3]
+                    if (path, cls) not in methods and (ROOT / path).is_file():
+                        for node in ast.parse((ROOT / path).read_text()).body:
+                            if isinstance(node, ast.ClassDef):
+                                methods[(path, node.name)] = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                    if name not in methods.get((path, cls), set()):
+                        missing.append((doc, excerpt, check))
+        self.assertEqual(missing, [])
 
 
 if __name__ == "__main__":

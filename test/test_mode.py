@@ -37,7 +37,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_cachepolicy as tcp
-from torch_cachepolicy import _driver, _key, _routes, _verify
+from torch_cachepolicy import _driver, _key, _verify
 from torch_cachepolicy.report import KeyStats
 
 aten = torch.ops.aten
@@ -1305,8 +1305,8 @@ def _make(kind: str) -> Any:
     return StockMode() if kind == "stock" else tcp.FakeTensorMode()
 
 
-class TestDirectEntry(testing.CachePolicyTestCase):
-    """Note [Entering the cache directly]: stock's dispatch preamble is skipped only when it would do nothing."""
+class TestStockDispatch(testing.CachePolicyTestCase):
+    """Every dispatch of a policy mode goes through stock's ``FakeTensorMode.dispatch`` (its tables, its logging)."""
 
     def calls_through_stock_dispatch(self, calls: int) -> int:
         """How many of ``calls`` relu dispatches went through stock FakeTensorMode.dispatch."""
@@ -1319,34 +1319,28 @@ class TestDirectEntry(testing.CachePolicyTestCase):
         self.assertHitsMisses(mode, calls - 1, 1)
         return sum(1 for c in stock.call_args_list if c.args[1] is torch.ops.aten.relu.default)
 
-    def test_routed_op_skips_stock_dispatch(self) -> None:
-        """Only the first call of an op goes through stock dispatch; the hits after it do not."""
-        self.assertEqual(self.calls_through_stock_dispatch(4), 1)
+    def test_hits_go_through_stock_dispatch(self) -> None:
+        """Hits, like the first call, go through stock dispatch."""
+        self.assertEqual(self.calls_through_stock_dispatch(4), 4)
 
-    def test_changed_stock_dispatch_keeps_stock_path(self) -> None:
-        """A torch whose dispatch does something else (other names) gets every call."""
-        with mock.patch.object(_routes, "STOCK_DISPATCH_KNOWN", False):
-            self.assertEqual(self.calls_through_stock_dispatch(4), 4)
-
-    def test_debug_logging_keeps_stock_path(self) -> None:
-        """With FakeTensor DEBUG logging on, every call goes through stock dispatch, which logs it."""
+    def test_debug_logging_logs_every_call(self) -> None:
+        """With FakeTensor DEBUG logging on, stock dispatch logs every call, hits included."""
         with self.assertLogs("torch._subclasses.fake_tensor", level="DEBUG") as logs:
             self.assertEqual(self.calls_through_stock_dispatch(3), 3)
         self.assertEqual(sum("__torch_dispatch__: aten.relu.default" in line for line in logs.output), 3)
 
-    def test_directly_handled_op_keeps_stock_path(self) -> None:
+    def test_directly_handled_op_never_reaches_the_cache(self) -> None:
         """An op stock serves itself (a table entry added at runtime) is never sent to the cache."""
         op = torch.ops.aten.relu.default
         with mock.patch.dict(torch._subclasses.fake_tensor._DISPATCH_HANDLE_DIRECTLY, {op: None}):
             mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
-            self.assertFalse(mode._cache.route(op).direct)  # routed while the table holds it
             x = mode.from_tensor(torch.zeros(3, 5))
             with mode:
                 torch.ops.aten.relu.default(x)
             self.assertEqual(mode.cache_info().hits + mode.cache_info().misses, 0)
 
     def test_subclass_override_of_the_cache_sees_every_call(self) -> None:
-        """A subclass's _cached_dispatch_impl is what the direct entry calls, as stock's dispatch would."""
+        """A subclass's _cached_dispatch_impl sees every call, as under stock's dispatch."""
         seen: list[object] = []
 
         class Counting(tcp.FakeTensorMode):

@@ -77,13 +77,12 @@ class Feature(enum.Enum):
     BACKEND = "caching of backend and higher-order operators (they bypass; aten ops stay cached)"
     KEY_BUILDER = "the C++ key builder (torch's _cache_key builds every key)"
     HIT_BUILDER = "building hits without dispatch (torch's _output_from_cache_entry builds every hit)"
-    DIRECT = "entering the cache directly (stock's FakeTensorMode.dispatch runs first)"
     EXPORT = "torch_cachepolicy.export and adopt (they raise; torch.export.export works)"
 
 
 # What switching a feature off also switches off: the parts of the cache rest on the cache.
 _IMPLIED = {
-    Feature.CACHE: (Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.DIRECT),
+    Feature.CACHE: (Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER),
 }
 
 
@@ -243,8 +242,8 @@ _FT = "torch._subclasses.fake_tensor"
 _MODE = "FakeTensorMode"
 _DISPATCH = ("self", "func", "types", "args", "kwargs")
 
-_RULES, _BACKEND, _KEY, _HIT, _DIRECT, _EXPORT = (
-    Feature.RULES, Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.DIRECT, Feature.EXPORT
+_RULES, _BACKEND, _KEY, _HIT, _EXPORT = (
+    Feature.RULES, Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.EXPORT
 )
 _UTILS = "torch._subclasses._fake_tensor_utils"
 _REGISTRY = "torch._library.simple_registry"
@@ -262,10 +261,6 @@ _INTERNALS: tuple[_Internal, ...] = (
                    "fake_tensor_converter", "shape_env", "_allow_unsafe_data_ptr_access"),
     ),
     _Internal(_FT, f"{_MODE}.dispatch", _RULES, params=_DISPATCH, overridden=True),
-    # Read where _rules.dispatch enters the cache directly (STOCK_DISPATCH_KNOWN).
-    _Internal(_FT, "_DISPATCH_META_HANDLERS", _DIRECT, check=_is_type(dict)),
-    _Internal(_FT, "_DISPATCH_HANDLE_DIRECTLY", _DIRECT, check=_is_type(Mapping)),
-    _Internal(_FT, "log", _DIRECT, check=_is_type(logging.Logger)),
     # An OpOverload's FakeTensorMode rule applies only under the Python dispatcher (_rules.dispatch).
     _Internal("torch._C", "_dispatch_tls_is_dispatch_key_included", _RULES),
     # Entries for stock ops go where stock's do: the class-global `cache`, or `shape_env.fake_tensor_cache`.
@@ -647,19 +642,6 @@ _CONSTRUCTOR_NAMES = frozenset(
     }
 )  # fmt: skip
 
-# The names stock's FakeTensorMode.dispatch uses on torch 2.13-2.15 (Note [Entering the cache directly] in _rules.py).
-# Names, not a probe dispatch: the gate asks what stock does for every op (a new table would serve some), which one
-# probed op cannot answer.
-_STOCK_DISPATCH_NAMES = frozenset({
-    "DEBUG", "IncrementRecursionCount", "RECURSION_COUNT", "_DISPATCH_HANDLE_DIRECTLY", "_DISPATCH_META_HANDLERS",
-    "_cached_dispatch_impl", "_dispatch_impl", "cache_enabled", "debug", "getEffectiveLevel",
-    "in_kernel_invocation_manager", "log", "logging", "no_dispatch",
-})  # fmt: skip
-STOCK_DISPATCH_KNOWN: bool = (
-    off(Feature.DIRECT) is None and frozenset(_ft.FakeTensorMode.dispatch.__code__.co_names) == _STOCK_DISPATCH_NAMES
-)
-"""Whether stock's ``FakeTensorMode.dispatch`` is the known one (its tables, its logging, then the cache)."""
-
 FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = (
     off(Feature.HIT_BUILDER) is None and code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
 )
@@ -695,8 +677,8 @@ SYMBOLIC_MEMORY_FORMAT_GUARDS: bool = SYMBOLIC_KEYS and _ORDER.index("suggest_me
 before dropping it (torch 2.13: the computation may guard) or not at all (2.14, 2.15)."""
 
 log.debug(
-    "torch %s: features off %s; gates STOCK_DISPATCH_KNOWN=%s FAKE_TENSOR_CONSTRUCTOR_KNOWN=%s SYMBOLIC_KEYS=%s "
+    "torch %s: features off %s; gates FAKE_TENSOR_CONSTRUCTOR_KNOWN=%s SYMBOLIC_KEYS=%s "
     "SYMBOLIC_MEMORY_FORMAT_GUARDS=%s SYNTHESIS_TAKES_FUNC=%s",
-    torch.__version__, {f.name: str(d) for f, d in _OFF.items()}, STOCK_DISPATCH_KNOWN,
-    FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS, SYNTHESIS_TAKES_FUNC,
+    torch.__version__, {f.name: str(d) for f, d in _OFF.items()}, FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYMBOLIC_KEYS,
+    SYMBOLIC_MEMORY_FORMAT_GUARDS, SYNTHESIS_TAKES_FUNC,
 )

@@ -120,7 +120,7 @@ SOURCES: tuple[Source, ...] = (
     Source(
         "stock dispatch's own tables: ops answered from metadata, ops run directly",
         ("_DISPATCH_META_HANDLERS", "_DISPATCH_HANDLE_DIRECTLY"), Coverage.APPLIED,
-        "stock's dispatch serves them; _rules.dispatch enters the cache directly only for ops in neither",
+        "every op goes through stock's dispatch, which serves them before the cache",
     ),
     Source(
         "the mode's cache switch (torch._dynamo.config.fake_tensor_cache_enabled at construction)",

@@ -11,7 +11,6 @@ from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 
 from torch_cachepolicy import _kernels, _reasons
-from torch_cachepolicy._compat import STOCK_DISPATCH_KNOWN
 from torch_cachepolicy._key_extension import GENERIC_SLOTS, ArgSlots
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy
 from torch_cachepolicy.report import OpStats
@@ -63,7 +62,6 @@ class Route:
         self.deps: _kernels.KernelDeps | None = None
         self.rules: Any = None
         self.immutable: frozenset[type] = frozenset()
-        self.direct = False
         self.contexts: set[object] = set()  # the context values this route has met (_driver._check_context)
 
     def keep_private(self) -> None:
@@ -112,10 +110,6 @@ def route_for(policy: CachePolicy, func: object, stats: OpStats, private: bool) 
         route.immutable = policy.immutable_types
     # find() creates a missing registry entry (see KernelDeps): later rules land in the dict we keep.
     route.rules = _fake_registry.find(func.name()).torch_dispatch_rules._data
-    # In neither table stock's dispatch serves itself (Note [Entering the cache directly]).
-    route.direct = (
-        STOCK_DISPATCH_KNOWN and func not in _ft._DISPATCH_META_HANDLERS and func not in _ft._DISPATCH_HANDLE_DIRECTLY
-    )
     if not builtin:
         fallback_capable = _StockMode.can_run_unsafe_fallback(_FALLBACK_PROBE, func)  # type: ignore[arg-type]
         route.deps = _kernels.KernelDeps(func, route.rules, policy.uses_context(func), fallback_capable)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +17,6 @@ from torch_cachepolicy._state import CacheState
 _Mode = _ft.FakeTensorMode
 
 _StockMode = _ft.FakeTensorMode
-_debug_logging = functools.partial(_ft.log.isEnabledFor, logging.DEBUG)
 _fake_registry = torch._library.simple_registry.singleton
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 _PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
@@ -71,16 +68,6 @@ def dispatch(
         if state.frames.open:
             record_rule(mode, state, func)
         return rule(mode, func, types, args, kwargs or {})
-    # Note [Entering the cache directly]
-    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # For an op in neither of its tables, with caching on and DEBUG logging off,
-    # stock's dispatch only calls _cached_dispatch_impl, after a no_dispatch()
-    # context manager around a log call that logs nothing. Calling it directly
-    # saves about 8% of a backend hit (measured 2026-12-03, torch 2.13.0);
-    # only while stock's dispatch uses the names it uses on 2.13-2.15
-    # (route.direct is False otherwise: _compat.STOCK_DISPATCH_KNOWN).
-    if route is not None and route.direct and mode.cache_enabled and not _debug_logging():
-        return mode._cached_dispatch_impl(func, types, args, kwargs or {})
     return _StockMode.dispatch(mode, func, types, args, kwargs)
 
 
