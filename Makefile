@@ -5,7 +5,8 @@
 #   .venv              torch 2.13.0, the package (editable, _C built in place),
 #                      the test and lint tools; ExecuTorch for its tier
 #   .venv-torch-X      torch X (2.14.1, 2.15.0) and the package installed from a
-#                      copy of the tree in .venv-torch-X/src (make test-torch)
+#                      copy of the tree whose csrc/ is the sdist's, in .venv-torch-X/src
+#                      (make test-torch)
 # Each environment's torch is pinned in requirements/torch-X.txt, one file per
 # release CI tests (version.py's TESTED_TORCH).
 # With torch already installed, make is not needed: see "Install" in README.md.
@@ -149,10 +150,13 @@ test-torch:
 	echo "[test-torch] $(TIER_VENV): torch $(TORCH), $(SUITE) suite"; \
 	$(TIER_VENV)/bin/python -m pip install --quiet -r requirements/torch-$(TORCH).txt $(BUILD_TOOLS); \
 	torch_done=$$(date +%s); \
-	echo "[test-torch] $(TIER_VENV)/src: a copy of the tree, installed editable (_C built against torch $(TORCH))"; \
-	rm -rf $(TIER_VENV)/src && mkdir -p $(TIER_VENV)/src; \
-	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | tar -cf - -T - | tar -xf - -C $(TIER_VENV)/src; \
+	echo "[test-torch] $(TIER_VENV)/src: the tree but csrc/, then the unpacked sdist (so _C builds from what the sdist ships), installed editable (_C built against torch $(TORCH))"; \
+	rm -rf $(TIER_VENV)/src $(TIER_VENV)/dist && mkdir -p $(TIER_VENV)/src; \
+	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | grep -v '^csrc/' | tar -cf - -T - | tar -xf - -C $(TIER_VENV)/src; \
+	$(TIER_VENV)/bin/python setup.py -q sdist -d $(TIER_VENV)/dist > /dev/null; \
+	tar -xzf $(TIER_VENV)/dist/torch_cachepolicy-*.tar.gz -C $(TIER_VENV)/src --strip-components=1; \
 	cd $(TIER_VENV)/src && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
+	../bin/python -c "import torch_cachepolicy._native as n; assert n.backend() == 'cpp', n.fallback_reason()"; \
 	echo "[test-torch] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
 	cd $(TIER_VENV)/src && ../bin/python -m pytest -q $(if $(filter full,$(SUITE)),$(FULL_TESTS),$(CORE_TESTS))
 

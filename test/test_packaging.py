@@ -188,7 +188,11 @@ typing-extensions>=4.4""",
 
 
 class TestSdist(TestCase):
-    """The sdist ``setup.py sdist`` builds, and the C++ helper built from it."""
+    """The sdist ``setup.py sdist`` builds.
+
+    ``make test-torch`` builds ``_C`` from the unpacked sdist's ``csrc/`` on each other torch release and checks that
+    the package imported there uses it: a compile here would cost the main tier about 40 s.
+    """
 
     tmp: ClassVar[tempfile.TemporaryDirectory[str]]
     names: ClassVar[set[str]]
@@ -222,21 +226,6 @@ class TestSdist(TestCase):
         self.assertGreater(len({n for n in native if n.endswith(".h")}), 0)
         missing = sorted((native | {"setup.py", "pyproject.toml", "torch_cachepolicy/version.py"}) - self.names)
         self.assertEqual(missing, [])
-
-    def test_builds_and_imports_with_the_helper(self) -> None:
-        """The C++ helper builds from the unpacked sdist, and the package imported from there uses it."""
-        build = subprocess.run(
-            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-            cwd=self.unpacked, env={**os.environ, "USE_CPP": "1"}, capture_output=True, text=True,
-        )
-        self.assertEqual(build.returncode, 0, msg=build.stdout + build.stderr)
-        code = "import torch_cachepolicy, torch_cachepolicy._native as n; print(n.backend(), torch_cachepolicy.__file__)"
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TORCH_CACHEPOLICY_FORCE_PYTHON")}
-        run = subprocess.run([sys.executable, "-c", code], cwd=self.unpacked, env=env, capture_output=True, text=True)
-        self.assertEqual(run.returncode, 0, msg=run.stderr)
-        backend, where = run.stdout.split()
-        self.assertEqual(backend, "cpp")
-        self.assertEqual(pathlib.Path(where).parent.parent, self.unpacked)
 
 
 class TestLayout(TestCase):
