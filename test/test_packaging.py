@@ -32,6 +32,7 @@ from typing import ClassVar
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy
+from torch_cachepolicy import _native
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -278,6 +279,14 @@ class TestImports(TestCase):
             str(p.relative_to(ROOT)) for p in sorted(PACKAGE.rglob("*.py")) if "benchmarks" in imported_modules(p)
         ]
         self.assertEqual(offenders, [])
+
+    @unittest.skipIf(
+        os.environ.get("USE_CPP") == "0" or os.environ.get(_native.FORCE_ENV, "") not in ("", "0"),
+        "installed or run without the C++ helper on purpose",
+    )
+    def test_install_built_the_helper(self) -> None:
+        """pip install (editable or not) built the C++ helper against this torch, and the package uses it."""
+        self.assertEqual((_native.backend(), _native.fallback_reason()), ("cpp", ""))
 
     def test_version_is_reexported(self) -> None:
         """torch_cachepolicy.__version__ is version.py's."""
