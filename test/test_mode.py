@@ -1147,6 +1147,26 @@ class TestHigherOrderOps(testing.CachePolicyTestCase):
         # torch's _cache_key adds one per dispatch for the GraphModule in a key, as under stock; the store adds one.
         self.assertEqual(len(weakref.finalize._registry) - finalizers_before, 8 + 1)  # type: ignore[attr-defined]
 
+    def test_invoke_subgraph_under_a_context_whose_eq_is_not_a_bool(self) -> None:
+        """A context value whose == gives no bool (a tensor) is compared as a dict lookup would: no crash, one new
+        variant per new object, hits for the same object (v5 review N2, on the prototype)."""
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        context = {"value": torch.tensor([1.0, 2.0])}
+        policy = tcp.CachePolicy(
+            namespaces=[testing.NS], context_key=lambda: context["value"], context_namespaces=[testing.NS]
+        )
+        gm = torch.fx.symbolic_trace(lambda x: (testing.op("ambient_cast")(x),))
+        mode = tcp.FakeTensorMode(cache_policy=policy)
+        with mode:
+            x = torch.empty(2)
+            for _ in range(2):
+                for _ in range(2):
+                    self.assertEqual(invoke_subgraph(gm, "sub", x)[0].shape, (2,))
+                context["value"] = torch.tensor([1.0, 2.0])  # equal values, another object
+        report = mode.cache_report()["invoke_subgraph"]
+        self.assertEqual((report.hits, report.misses), (2, 2))
+
     def test_invoke_subgraph_entry_dies_with_its_graph(self) -> None:
         """A GraphModule-keyed entry leaves this mode's store when the module dies."""
         from torch._higher_order_ops.invoke_subgraph import invoke_subgraph

@@ -25,6 +25,20 @@ if TYPE_CHECKING:
     from torch_cachepolicy._routes import Route
     from torch_cachepolicy._state import CacheState
 
+def same_value(a: Hashable, b: Hashable) -> bool:
+    """Whether a dict keyed by ``a`` would find ``b``: identity, else equal hashes and ``==``.
+
+    Table keys hold the policy's context values, whose ``==`` may return a non-bool (a tensor: ambiguous) or raise,
+    as a dict lookup never sees for values of different hashes; a comparison that fails counts as a change.
+    """
+    if a is b:
+        return True
+    try:
+        return hash(a) == hash(b) and bool(a == b)
+    except Exception:
+        return False
+
+
 class Frame:
     """A miss being computed."""
 
@@ -106,7 +120,7 @@ class Frames:
             return
         for frame in frames:
             seen = frame.deps.setdefault(route, sub)
-            if seen != sub:
+            if not same_value(seen, sub):
                 # Two values of one dependency: no single value can stand for this miss.
                 frame.tainted = True
 
@@ -127,7 +141,7 @@ class Frames:
     def still_valid(self, entry: Dependent, current: Callable[[Route], Hashable]) -> bool:
         """Whether ``entry``'s dependencies keep their values; if so, they pass on to this thread's open frames."""
         for route, sub in entry.deps:
-            if current(route) != sub:
+            if not same_value(current(route), sub):
                 return False
         if self.open:
             for route, sub in entry.deps:
