@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from torch_cachepolicy._routes import Route
     from torch_cachepolicy._state import CacheState
 
+
 def same_value(a: Hashable, b: Hashable) -> bool:
     """Whether a dict keyed by ``a`` would find ``b``: identity, else equal hashes and ``==``.
 
