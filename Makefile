@@ -35,7 +35,7 @@ CORE_TESTS := test/test_mode.py test/test_policy.py test/test_keyset.py test/tes
 	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
 FULL_TESTS := test --ignore=test/integration --ignore=test/test_packaging.py
 
-.PHONY: install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
+.PHONY: disk install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
 	test-torch test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
 
 $(PYTHON):
@@ -139,6 +139,8 @@ test-sanitizers: $(SAN_DIR)/.built
 	echo "[test-sanitizers] took $$(( $$(date +%s) - start )) s (build not included)"
 
 # torch $(TORCH) (2.14.1 and 2.15.0 are CUDA builds of several GB; they run on CPU) in its own venv.
+# --no-cache-dir: a venv installs its torch once, and pip's cache would keep a second copy of the
+# 3 GB download on disk.
 # The package is installed editable from a copy of the tree, so its _C is built
 # against that torch's headers without touching the 2.13 build in this tree. The copy
 # holds the tracked and untracked-but-not-ignored files as they are on disk
@@ -148,7 +150,7 @@ test-torch:
 	test -f requirements/torch-$(TORCH).txt || { echo "make test-torch: no requirements/torch-$(TORCH).txt; TORCH is one of $(patsubst requirements/torch-%.txt,%,$(wildcard requirements/torch-*.txt))"; exit 2; }; \
 	test -x $(TIER_VENV)/bin/python || $(BOOTSTRAP_PYTHON) -m venv $(TIER_VENV); \
 	echo "[test-torch] $(TIER_VENV): torch $(TORCH), $(SUITE) suite"; \
-	$(TIER_VENV)/bin/python -m pip install --quiet -r requirements/torch-$(TORCH).txt $(BUILD_TOOLS); \
+	$(TIER_VENV)/bin/python -m pip install --quiet --no-cache-dir -r requirements/torch-$(TORCH).txt $(BUILD_TOOLS); \
 	torch_done=$$(date +%s); \
 	echo "[test-torch] $(TIER_VENV)/src: the tree but csrc/, then the unpacked sdist (so _C builds from what the sdist ships), installed editable (_C built against torch $(TORCH))"; \
 	rm -rf $(TIER_VENV)/src $(TIER_VENV)/dist && mkdir -p $(TIER_VENV)/src; \
@@ -160,9 +162,13 @@ test-torch:
 	echo "[test-torch] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
 	cd $(TIER_VENV)/src && ../bin/python -m pytest -q $(if $(filter full,$(SUITE)),$(FULL_TESTS),$(CORE_TESTS))
 
+# Free space first, in the log: pip fails part-way with "No space left on device" when it runs out.
+disk:
+	@df -Pk . | awk 'NR == 2 { printf "[make test] %.1f GB free on %s\n", $$4 / 1048576, $$6 }'
+
 # Lint first so that a pytest summary is the last thing printed; then the tiers on
 # torch 2.13.0 (.venv), the full suite on the current release, the core tests on 2.14.1.
-test: install lint test-fallback test-main test-sanitizers test-executorch
+test: disk install lint test-fallback test-main test-sanitizers test-executorch
 	$(MAKE) test-torch TORCH=2.15.0 SUITE=full
 	$(MAKE) test-torch TORCH=2.14.1 SUITE=core
 
