@@ -71,11 +71,13 @@ def serve_patched_modules(tree: str) -> None:
 serve_patched_modules(os.environ.get("TCP_PATCHED_TREE", ""))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import copy  # noqa: E402
 import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import traceback  # noqa: E402
 import unittest  # noqa: E402
+import weakref  # noqa: E402
 from typing import Any  # noqa: E402
 from unittest.mock import patch  # noqa: E402
 
@@ -102,10 +104,12 @@ torch._dynamo.config.fake_tensor_cache_crosscheck_enabled = True
 
 # What the added methods may use from test_fake_tensor.py's module scope.
 TEST_GLOBALS: dict[str, Any] = {
+    "copy": copy,
     "gc": gc,
     "np": np,
     "io": io,
     "patch": patch,
+    "weakref": weakref,
     "torch": torch,
     "aten": aten,
     "TracingContext": TracingContext,
