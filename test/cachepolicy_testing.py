@@ -526,6 +526,15 @@ def tensor_difference(expected: torch.Tensor, actual: torch.Tensor) -> str | Non
     return None
 
 
+def described(out: object) -> object:
+    """Output metadata in a form equal across modes."""
+    if isinstance(out, torch.Tensor):
+        return (out.dtype, tuple(out.shape), out.stride(), out.storage_offset())
+    if isinstance(out, (tuple, list)):
+        return tuple(described(o) for o in out)
+    return out
+
+
 def output_difference(expected: object, actual: object) -> str | None:
     """None if both outputs have the same structure, tensor metadata and values; else why not."""
     exp_leaves, exp_spec = pytree.tree_flatten(expected)

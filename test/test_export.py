@@ -284,20 +284,24 @@ class TestCachingDuringAndAfterExport(TestCase):
 
     @parametrize("dynamic", [False, True])
     def test_export_pass_retrace_hits(self, dynamic: bool) -> None:
-        """An ExportPass retrace runs under the policy mode and only hits for backend ops."""
+        """An ExportPass retrace runs under the policy mode and hits for backend ops; with symbolic inputs the first
+        retrace misses once per key export made, as export froze the ShapeEnv (Note [What the ShapeEnv knows])."""
         case = CASES["dynamic" if dynamic else "static"]
         ep = policy_export(case, case.make())
         mode = program_mode(ep)
         assert isinstance(mode, tcp.FakeTensorMode)
-        before = mode.cache_report()
-        result = ExportPass()(ep.graph_module)
-        after = mode.cache_report()
-        self.assertIs(
-            detect_fake_mode([n.meta["val"] for n in result.graph_module.graph.find_nodes(op="placeholder")]), mode
-        )
-        for op in (rescale, q_per_tensor):
-            self.assertEqual(after[op].misses, before[op].misses, msg=str(after))
-            self.assertEqual(after[op].hits - before[op].hits, 3, msg=str(after))
+        made = mode.cache_report()
+        for retrace in range(2):
+            before = mode.cache_report()
+            result = ExportPass()(ep.graph_module)
+            after = mode.cache_report()
+            self.assertIs(
+                detect_fake_mode([n.meta["val"] for n in result.graph_module.graph.find_nodes(op="placeholder")]), mode
+            )
+            for op in (rescale, q_per_tensor):
+                misses = made[op].misses if dynamic and retrace == 0 else 0
+                self.assertEqual(after[op].misses - before[op].misses, misses, msg=str(after))
+                self.assertEqual(after[op].hits - before[op].hits, 3 - misses, msg=str(after))
 
     def test_store_shared_across_exports(self) -> None:
         """Two exports given one store: the second hits the backend entries the first made."""

@@ -55,10 +55,19 @@ def _pool(mode: tcp.FakeTensorMode) -> dict[str, Callable[[], Any]]:
     }
 
 
+class _EveryArgument:
+    """Slots naming every argument of one call, as plain_args looks at them."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.floats = self.tensors = (*((i, "") for i in range(len(args))), *((len(args), k) for k in kwargs))
+        self.opaque = ()
+
+
 def _full_pass_adds_nothing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether the key extension's full pass (every argument) leaves torch's key as it is."""
     try:
-        out = _key_extension._extend_key(KEY, _key_extension.GENERIC_SLOTS, _CacheKeyState(None), args, kwargs)
+        slots: Any = _EveryArgument(args, kwargs)
+        out = _key_extension._extend_key(KEY, slots, _CacheKeyState(None), args, kwargs)
     except _BypassDispatchCache:
         return False
     return out is KEY

@@ -107,7 +107,8 @@ class TestCollected(TestCase):
         self.assertCollected(store_ref, "the shared store")
 
     def test_graph_modules_collected_while_mode_lives(self) -> None:
-        """GraphModules dispatched through invoke_subgraph die with their last user reference, and their entries with them."""
+        """GraphModules dispatched through invoke_subgraph die with their last user reference; the store keeps nothing
+        of them (higher-order ops bypass)."""
         from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 
         store = tcp.CacheStore(isolated=True)
@@ -127,7 +128,7 @@ class TestCollected(TestCase):
         gc.collect()
         self.assertEqual(sum(r() is not None for r in refs), 0)
         self.assertEqual(len(store), baseline)
-        self.assertGreaterEqual(mode.cache_report()["invoke_subgraph"].hits, 50)
+        self.assertEqual(sum(mode.cache_report()["invoke_subgraph"].bypasses.values()), 100)
 
     def test_store_never_reaches_shape_env(self) -> None:
         """Symbolic backend entries hang off the ShapeEnv: the store reaches none of them, and they go with the store."""

@@ -362,7 +362,7 @@ class TestBadInput(TestCase):
             ("conv", ValueError, r"'conv' is not an operator name; pass 'ns::name'"),
             (None, TypeError, r"^torch_cachepolicy\.CachePolicy\.register_op\(\.\.\.\): expected an OpOverload.*got None$"),
             (len, TypeError, r"got builtin_function_or_method"),
-            (torch.ops.higher_order.cond, TypeError, r"higher-order operators are cached by torch's own rules"),
+            (torch.ops.higher_order.cond, TypeError, r"a policy mode never caches higher-order operators"),
         ],
     )
     def test_register_op(self, op: Any, error: type[Exception], message: str) -> None:
@@ -456,7 +456,7 @@ P(allow=ops.tcp_test)
 P(allow=custom)
     -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the custom_op tcp_test::custom_double; wrap it: allow=[torch.ops.tcp_test.custom_double.default]
 P(allow=ops.higher_order.cond)
-    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+    -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got the higher-order operator cond; a policy mode never caches higher-order operators, only the ops of their subgraphs
 P(allow=3)
     -> TypeError: torch_cachepolicy.CachePolicy(allow=...): expected a list of operators, got int
 P(allow=['ns::op'])
@@ -474,7 +474,7 @@ P(deny=ops.aten.relu.default)
 P(deny=ops.aten)
     -> TypeError: torch_cachepolicy.CachePolicy(deny=...): expected a list of operators, got the operator namespace torch.ops.aten; deny takes single operators; to stop caching a namespace leave it out of namespaces=[...] (include_builtins=False for aten, prim and prims)
 P(deny=[ops.higher_order.cond])
-    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy
+    -> TypeError: torch_cachepolicy.CachePolicy(deny=...): element [0]: expected an OpOverload, OpOverloadPacket, 'ns::name.overload' string or torch.library.custom_op, got the higher-order operator cond; a policy mode never caches higher-order operators, only the ops of their subgraphs
 P(deny=['aten::no_such_op'])
     -> ValueError: torch_cachepolicy.CachePolicy(deny=...): element [0]: no operator aten::no_such_op is registered; define it (or import the module that defines it) before naming it in a policy
 P(deny=['tcp_test::conv.'])
@@ -544,7 +544,7 @@ P().is_cacheable(custom)
 P().explain('tcp_test::conv.default')
     -> TypeError: torch_cachepolicy.CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the string 'tcp_test::conv.default'
 P().explain(ops.higher_order.cond)
-    -> TypeError: torch_cachepolicy.CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the higher-order operator cond; higher-order operators are cached by torch's own rules, not by a policy""")
+    -> TypeError: torch_cachepolicy.CachePolicy.explain(...): expected an OpOverload (torch.ops.ns.name.overload), got the higher-order operator cond; a policy mode never caches higher-order operators, only the ops of their subgraphs""")
 
     def test_generators_are_read_once(self) -> None:
         """Any iterable works, a generator included: it is read once, checked and stored."""

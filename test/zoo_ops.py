@@ -1036,7 +1036,6 @@ case(
     "a backend kernel dispatching an op outside context_namespaces, under a context_key() that raises",
     op=op("calls_inner"),
     policy=_outside_lowering_policy,
-    min_hits=2,
 )
 
 

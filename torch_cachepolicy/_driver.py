@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-import weakref
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-import torch.fx
-import torch.utils._pytree as pytree
-from torch._subclasses import fake_tensor as _ft
 from torch._subclasses._fake_tensor_utils import _CacheKeyState
 from torch._subclasses.fake_tensor import (
+    FakeTensorMode,
     _BypassDispatchCache,
     _DispatchCacheBypassEntry,
     _DispatchCacheKey,
@@ -20,15 +16,15 @@ from torch._subclasses.fake_tensor import (
 )
 
 from torch_cachepolicy import _kernels, _reasons
-from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
-from torch_cachepolicy._deps import Dependent, Frame, current_table_key, record
+from torch_cachepolicy._fakes import output_from_entry
+from torch_cachepolicy._frames import Frame
 from torch_cachepolicy._kernels import TableKey
 from torch_cachepolicy._key import cache_key
 from torch_cachepolicy._key_extension import check_visible, extend_key
 from torch_cachepolicy._names import unhashable_context
-from torch_cachepolicy._routes import BYPASS, HOP, POLICY, STOCK, Route
+from torch_cachepolicy._routes import BYPASS, POLICY, STOCK, Route
 from torch_cachepolicy._state import CacheState
-from torch_cachepolicy._symbols import check_own_symbols, knowledge, recording
+from torch_cachepolicy._symbols import check_own_symbols
 from torch_cachepolicy._synth import stub_symint_output
 from torch_cachepolicy._verify import (
     ALL_FIELDS,
@@ -42,49 +38,45 @@ from torch_cachepolicy._verify import (
 )
 from torch_cachepolicy.store import Table
 
-# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
-_Mode = _ft.FakeTensorMode
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 log = logging.getLogger(__name__)
 
-_StockMode = _ft.FakeTensorMode
-_tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
-_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
-_Entry = _DispatchCacheValidEntry | _DispatchCacheBypassEntry | Dependent
-
-# Sub-tables of a partition for entries that do not depend on a fake kernel.
+_Entry = _DispatchCacheValidEntry | _DispatchCacheBypassEntry
+# A private table of a partition: entries of builtin ops kept out of torch's storage.
 _STOCK_TABLE = ("stock",)
-_MAX_CONTEXTS = 64
-_HOP_TABLE = "hop"
 
 
 def cached_dispatch(
-    mode: _Mode,
+    mode: FakeTensorMode,
     state: CacheState,
     func: Any,
     types: Sequence[type],
     args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> object:
-    """``FakeTensorMode._cached_dispatch_impl`` of a policy mode."""
+    """``FakeTensorMode._cached_dispatch_impl`` of a policy mode (every mode handed here is one)."""
     if state.policy.identity is not state.synced_identity:
         state.sync()
     # An OpOverload's hash is a Python call: one lookup per dispatch; the route carries the rest per op.
     route = state.routes.get(func)
     if route is None:
         route = state.route(func)
+    if route.taints and state.frames.open:  # See Note [Entries cover inner ops]
+        state.frames.taint()
     kind = route.kind
     stats = route.stats
     if kind is BYPASS:
         log.debug("bypass %s: %s (route)", func, route.label)
         stats.bypass(route.label)
-        if state.frames.open:
-            record(mode, state, route)
         return mode._dispatch_impl(func, types, args, kwargs)
     table_key: TableKey | None = None
     try:
-        if kind is not STOCK:
-            table_key = _before_key(mode, state, route, args, kwargs)
+        if kind is POLICY:
+            table_key = _before_key(mode, state, route)
+        if route.opaque:
+            check_visible(route.opaque, route.immutable, args, kwargs)
         key_state = _CacheKeyState(mode.shape_env)
         key = cache_key(mode, key_state, func, args, kwargs, state.key_stats)
         if route.slots is not None:
@@ -99,103 +91,57 @@ def cached_dispatch(
     except _BypassDispatchCache as e:
         log.debug("bypass %s: %s (key)", func, e.reason)
         stats.bypass(e.reason)
-        if kind is POLICY:  # See Note [Entries cover inner ops]
-            state.frames.taint()
         return mode._dispatch_impl(func, types, args, kwargs)
 
-    entry: Any = table.get(key)
-    if entry is None and shape_env is not None and kind is not STOCK and recording(shape_env) is not None:
-        # A guard-free scope (Note [What the ShapeEnv knows]): entries made where guards are recorded serve too.
-        entry = _table(state, route, table_key, key_state, shape_env, as_recording=True).get(key)
-    if type(entry) is Dependent:
-        entry = state.frames.valid_entry(entry, lambda r: current_table_key(mode, state, r))
-    elif isinstance(entry, _DispatchCacheBypassEntry):
+    entry = table.get(key)
+    if entry is None:
+        return _miss(mode, state, route, _Call(key_state, key, table, shape_env, types, args, kwargs))
+    if type(entry) is _DispatchCacheBypassEntry:
         log.debug("bypass %s: %s (negative entry)", func, entry.reason)
         stats.bypass(entry.reason)
-        if kind is POLICY or entry.reason == _reasons.RUNS_EXCLUDED:
-            state.frames.taint()
         return mode._dispatch_impl(func, types, args, kwargs)
-    if entry is None:
-        return _miss(mode, state, route, _Call(key_state, key, table, table_key, shape_env, types, args, kwargs))
     # Through the mode, as stock's hits, so that an override of it builds every hit.
-    if SYNTHESIS_TAKES_FUNC:
-        output = mode._output_from_cache_entry(key_state, entry, key, func, args)  # type: ignore[call-arg,arg-type]
-    else:
-        output = mode._output_from_cache_entry(key_state, entry, key, args)  # type: ignore[call-arg,arg-type]
+    output = output_from_entry(mode._output_from_cache_entry, key_state, entry, key, args)
     stats.hits += 1
     if mode.cache_crosscheck_enabled:
         crosscheck(mode, output, func, types, args, kwargs, shape_env=kind is not STOCK)
     return output
 
 
-def _before_key(
-    mode: _Mode, state: CacheState, route: Route, args: Sequence[object], kwargs: Mapping[str, object]
-) -> TableKey | None:
-    """The bypasses of a backend or higher-order op decided before its key; a backend op's table key."""
+def _before_key(mode: FakeTensorMode, state: CacheState, route: Route) -> TableKey:
+    """The bypasses of a backend op decided before its key; its table key."""
     if mode.propagate_real_tensors:
         # See Note [The kernel in effect]: the real kernel's outputs may replace the fake kernel's.
         raise _BypassDispatchCache(_reasons.REAL_TENSORS)
-    if route.kind is not POLICY:
-        return None
-    assert route.deps is not None and route.slots is not None
+    assert route.deps is not None
     table_key = route.deps.table_key(state.policy, mode.allow_fallback_kernels)
-    if state.frames.open:
-        record(mode, state, route, table_key)
     if _kernels.profiled(table_key):
         raise _BypassDispatchCache(_reasons.PROFILED)
-    if route.slots.opaque:
-        check_visible(route.slots, route.immutable, args, kwargs)
     return table_key
 
 
 def _table(
-    state: CacheState, route: Route, table_key: TableKey | None, key_state: _CacheKeyState, shape_env: Any,
-    as_recording: bool = False,
-) -> Any:
-    """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows]:
-    ``as_recording``, where they would if the ShapeEnv recorded guards)."""
+    state: CacheState, route: Route, table_key: TableKey | None, key_state: _CacheKeyState, shape_env: ShapeEnv | None
+) -> Table | dict[_DispatchCacheKey, Any]:
+    """Where entries of this call live (Note [Sub-tables]; for keys with symbols, Note [What the ShapeEnv knows])."""
     if route.kind is POLICY:
-        assert table_key is not None
-        where: Hashable = table_key
-        if shape_env is not None:
-            where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols, as_recording)
+        assert table_key is not None and route.deps is not None
         try:
-            if route.deps.uses_context:  # type: ignore[union-attr]
-                _check_context(route, table_key.context)
+            where: object = table_key
+            if shape_env is not None:
+                where = _kernels.symbolic_table_key(route.func, table_key, shape_env, key_state.known_symbols)
+            if route.deps.uses_context:
+                state.check_context(route, table_key.context)
             return state.partition.table(where, shape_env)
         except _BypassDispatchCache:
             raise
         except Exception as e:  # a user's __hash__ or __eq__ may raise anything
             raise unhashable_context(route.func, table_key.context, e) from None
     if route.private or state.isolated:
-        return _private_table(state, route, shape_env, key_state, as_recording)
+        return state.partition.table(_STOCK_TABLE, shape_env)
     if shape_env is not None:
         return shape_env.fake_tensor_cache
-    return _StockMode.cache
-
-
-def _check_context(route: Route, context: object) -> None:
-    """Bypasses once an op has met more context values than a lowering plausibly has: they never repeat."""
-    # A context that never equals itself (a fresh object compared by identity, a new NaN) would open one sub-table
-    # and one entry per dispatch, never hit, and grow the store for the mode's life; a bounded set tells.
-    seen = route.contexts
-    if context not in seen:
-        if len(seen) >= _MAX_CONTEXTS:
-            raise _BypassDispatchCache(_reasons.CONTEXT_NEVER_REPEATS)
-        seen.add(context)
-
-
-def _private_table(
-    state: CacheState, route: Route, shape_env: Any, key_state: _CacheKeyState, as_recording: bool = False
-) -> Table:
-    if route.kind is not HOP:
-        return state.partition.table(_STOCK_TABLE, shape_env)
-    # A HOP's entry replays its subgraph's ops: its sub-table holds whether the Python dispatcher (preferring
-    # py_impl kernels) is on and, with symbols, what the ShapeEnv knows. The policy's context is not asked here:
-    # the inner ops that read it record it as a dependency (Note [Entries cover inner ops]), so a hook that
-    # only works inside its backend's lowering is asked only by that backend's ops.
-    known = None if shape_env is None else knowledge(shape_env, key_state.known_symbols, as_recording)
-    return state.partition.table((_HOP_TABLE, known, _tls_key_included(_PYTHON_DISPATCHER)), shape_env)
+    return FakeTensorMode.cache
 
 
 class _Call(NamedTuple):
@@ -203,16 +149,15 @@ class _Call(NamedTuple):
 
     key_state: _CacheKeyState
     key: _DispatchCacheKey
-    table: Any
-    table_key: TableKey | None
-    shape_env: Any
+    table: Table | dict[_DispatchCacheKey, Any]
+    shape_env: ShapeEnv | None
     types: Sequence[type]
     args: Sequence[object]
     kwargs: Mapping[str, object]
 
 
-def _run(mode: _Mode, state: CacheState, route: Route, call: _Call) -> tuple[object, Frame]:
-    """Runs the kernel uncached inside a frame that records what it dispatched."""
+def _run(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) -> tuple[object, Frame]:
+    """Runs the kernel uncached inside a frame that notes what a hit would not run."""
     frame = state.frames.push()
     try:
         output = mode._dispatch_impl(route.func, call.types, call.args, call.kwargs)  # type: ignore[arg-type]
@@ -221,52 +166,48 @@ def _run(mode: _Mode, state: CacheState, route: Route, call: _Call) -> tuple[obj
     return output, frame
 
 
-def _miss(mode: _Mode, state: CacheState, route: Route, call: _Call) -> object:
+def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) -> object:
     """Runs the kernel, reaches a verdict on the entry it would make, and stores it."""
     # See Note [What a hit of an aten entry can get wrong]: an aten kernel writes only what its schema declares.
     aten = route.kind is STOCK
     snapshot = None if aten and not route.func._schema.is_mutable else InputSnapshot(call.args, call.kwargs)  # type: ignore[attr-defined]
     # A backend kernel must not create symbols nor, if it saw none, teach the ShapeEnv (a hit would not).
-    watch_env = route.kind is not STOCK and mode.shape_env is not None
+    watch_env = not aten and mode.shape_env is not None
     env_before = shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) if watch_env else None
     output, frame = _run(mode, state, route, call)
-    in_torch_storage = call.table is _StockMode.cache or (
+    in_torch_storage = call.table is FakeTensorMode.cache or (
         call.shape_env is not None and call.table is call.shape_env.fake_tensor_cache
     )
+    entry: _Entry
     try:
         entry = _entry(mode, state, route, call, output, in_torch_storage)
     except _BypassDispatchCache as e:
         # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
         log.debug("bypass %s: %s (entry builder)", route.func, e.reason)
         route.stats.bypass(e.reason)
-        if route.kind is POLICY:
-            state.frames.taint()
-        if in_torch_storage:
-            return output
-        _store(state, route, call, _DispatchCacheBypassEntry(e.reason), [call.table])
+        if not in_torch_storage:
+            _store(call, _DispatchCacheBypassEntry(e.reason), call.table)
         return output
     reason = _verify(mode, route, call, entry, output, snapshot, frame, env_before)
-    if reason is not None:
+    if reason is None:
+        route.stats.misses += 1
+    else:
         log.debug("negative entry for %s: %s", route.func, reason)
         route.stats.bypass(reason)
-        if route.kind is POLICY or reason == _reasons.RUNS_EXCLUDED:
-            state.frames.taint()
         entry = _DispatchCacheBypassEntry(reason)
-    else:
-        route.stats.misses += 1
-        if frame.deps:
-            entry = Dependent(entry, tuple(frame.deps.items()))  # type: ignore[arg-type]
-    tables = [call.table]
-    if in_torch_storage and not isinstance(entry, _DispatchCacheValidEntry):
-        # A stock mode may put the rejected entry into torch's storage, which cannot hold our verdicts
-        # or dependencies: the op's entries now stay in our store (Note [Entries that must reproduce aliasing]).
-        state.keep_private(route)
-        tables = [_private_table(state, route, call.shape_env, call.key_state)]
-    _store(state, route, call, entry, tables)
+    table = call.table
+    if in_torch_storage and reason is not None:
+        # A stock mode may put the rejected entry into torch's storage, which cannot hold our verdicts: the op's
+        # entries now stay in our store (Note [Entries that must reproduce aliasing]).
+        state.keep_private(route.func)
+        table = state.partition.table(_STOCK_TABLE, call.shape_env)
+    _store(call, entry, table)
     return output
 
 
-def _entry(mode: _Mode, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool) -> _Entry:
+def _entry(
+    mode: FakeTensorMode, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool
+) -> _DispatchCacheValidEntry:
     """torch's entry for this output, after the schema checks of a backend op."""
     func: Any = route.func
     if route.kind is POLICY:
@@ -290,10 +231,10 @@ def _entry(mode: _Mode, state: CacheState, route: Route, call: _Call, output: ob
 
 
 def _verify(
-    mode: _Mode,
+    mode: FakeTensorMode,
     route: Route,
     call: _Call,
-    entry: Any,
+    entry: _DispatchCacheValidEntry,
     output: object,
     snapshot: InputSnapshot | None,
     frame: Frame,
@@ -317,36 +258,8 @@ def _verify(
     return None
 
 
-def _store(state: CacheState, route: Route, call: _Call, entry: _Entry, tables: list[Any]) -> None:
-    key = call.key
+def _store(call: _Call, entry: _Entry, table: Table | dict[_DispatchCacheKey, Any]) -> None:
     if call.shape_env is not None:
         # Entries must not keep a ShapeEnv alive (torch does the same).
-        key.strip_shape_env()
-    for table in tables:
-        known = key in table
-        table[key] = entry.chain(table.get(key)) if type(entry) is Dependent else entry
-        if isinstance(table, Table) and route.kind is HOP and not known:  # one finalizer per key and table
-            for leaf in pytree.tree_leaves((call.args, call.kwargs)):
-                owner = _id_hashed_owner(leaf)
-                if owner is not None:
-                    weakref.finalize(owner, _evict, weakref.ref(table), key)
-
-
-def _evict(table_ref: weakref.ref[Table], key: _DispatchCacheKey) -> None:
-    table = table_ref()
-    if table is not None:
-        table.pop(key, None)
-
-
-def _id_hashed_owner(leaf: object) -> object | None:
-    """The object whose id torch put in a key for ``leaf`` (``FakeTensorMode._prep_args_for_hash``), or None."""
-    from torch._higher_order_ops.auto_functionalize import FunctionalCallableWithEpilogue
-    from torch._higher_order_ops.utils import SubgraphCallableWrapper
-
-    if isinstance(leaf, torch.fx.GraphModule):
-        return leaf
-    if isinstance(leaf, SubgraphCallableWrapper):
-        return leaf.subgraph
-    if isinstance(leaf, FunctionalCallableWithEpilogue):
-        return leaf.orig_callable
-    return None
+        call.key.strip_shape_env()
+    table[call.key] = entry

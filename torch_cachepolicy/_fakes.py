@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import torch
 from torch._subclasses import fake_tensor as _ft
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
 
 
 def _is_python_fake_tensor(x: object) -> TypeGuard[torch.Tensor]:
@@ -66,3 +68,12 @@ def guard_free_int(v: object) -> object:
         value = v.node.maybe_as_int()
         return value if value is not None else GuardFreeInt(v)
     return v
+
+
+
+def output_from_entry(build: Callable[..., Any], state: object, entry: object, key: Any, args: object) -> Any:
+    """Calls ``build``, a bound ``_output_from_cache_entry``, with this torch's signature: ``(func, args)`` before
+    2.15, ``(args)`` since; the func is a key's first item either way."""
+    if SYNTHESIS_TAKES_FUNC:
+        return build(state, entry, key, key.key[0], args)
+    return build(state, entry, key, args)

@@ -33,7 +33,7 @@ import logging
 import warnings
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch._decomp
@@ -46,6 +46,11 @@ from torch_cachepolicy import _keyset, _reasons
 from torch_cachepolicy._compat import ADVICE, Feature, UnlistedKernelSourceWarning, code_names, config_reader, off
 from torch_cachepolicy._names import context_value
 from torch_cachepolicy._symbols import knowledge
+
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torch_cachepolicy.policy import CachePolicy
 
 log = logging.getLogger(__name__)
 _StockMode = _ft.FakeTensorMode
@@ -155,7 +160,7 @@ SOURCES: tuple[Source, ...] = (
     Source(
         "fake functions registered for higher-order operators (register_fake on a HOP)",
         ("registered_hop_fake_fns", "ignore_fresh_unbacked_symbols"), Coverage.APPLIED,
-        "the HOP route: torch's rule is called, its entry keyed by the subgraph and checked as torch checks it",
+        "higher-order ops bypass a policy mode's cache (Note [Higher-order ops bypass]); torch's rule is called",
     ),
     Source(
         "propagate_real_tensors: the real kernel runs beside the fake one, its outputs can replace the fake ones, a "
@@ -167,7 +172,7 @@ SOURCES: tuple[Source, ...] = (
          "has_fake_kernel", "inferred_fake_kernel_from_real_out", "dtrace_structured",
          # torch 2.15 propagates strides and offsets of strided tensors only (t.layout == torch.strided).
          "layout", "strided"), Coverage.BYPASS,
-        "backend and higher-order ops bypass while mode.propagate_real_tensors is set; builtin ops behave as stock",
+        "backend ops bypass while mode.propagate_real_tensors is set; builtin ops behave as stock",
     ),
     Source(
         "fast implementations of aten ops for symbolic inputs (fake_impls.get_fast_op_impls)",
@@ -481,7 +486,7 @@ class KernelDeps:
         # (len(op_implementations_checks), kernels' fingerprint, accepted impls); refreshed when either changes.
         self._impls: tuple[int, object, tuple[Any, ...]] = (-1, None, ())
 
-    def table_key(self, policy: Any, allow_fallback_kernels: bool) -> TableKey:
+    def table_key(self, policy: CachePolicy, allow_fallback_kernels: bool) -> TableKey:
         """The sources' current values (and ``policy``'s context if the op uses it): the op's sub-table key."""
         kernel = self.holder.kernel
         func = self.func
@@ -532,15 +537,13 @@ def profiled(table_key: TableKey) -> bool:
     return table_key.profile is not None
 
 
-def symbolic_table_key(
-    func: object, table_key: Hashable, shape_env: Any, symbols: Iterable[Any], as_recording: bool = False
-) -> Hashable:
+def symbolic_table_key(func: object, table_key: Hashable, shape_env: ShapeEnv, symbols: Iterable[Any]) -> Hashable:
     """:meth:`KernelDeps.table_key` for a key holding ``symbols``.
 
     Adds what the ShapeEnv knows of them (Note [What the ShapeEnv knows]) and the op's fast implementation,
     which fake dispatch prefers for symbolic inputs.
     """
-    known = knowledge(shape_env, symbols, as_recording)
+    known = knowledge(shape_env, symbols)
     return (table_key, known, _fake_impls.get_fast_op_impls().get(func))  # type: ignore[call-overload]
 
 

@@ -65,33 +65,26 @@ def _visible_schema_type(t: torch._C.JitType) -> bool:
 
 
 class ArgSlots:
-    """An op's arguments that can hold a float, a tensor or an opaque object; ``ArgSlots(None)``: all (HOPs)."""
+    """An op's arguments that can hold a float, a tensor or an opaque object."""
 
-    __slots__ = ("floats", "generic", "opaque", "tensors")
+    __slots__ = ("floats", "opaque", "tensors")
 
-    def __init__(self, op: OpOverload | None) -> None:
-        self.generic = op is None
-        arguments = [] if op is None else op._schema.arguments
+    def __init__(self, op: OpOverload) -> None:
+        arguments = op._schema.arguments
         self.floats: tuple[_Slot, ...] = tuple((i, a.name) for i, a in enumerate(arguments) if _can_hold_float(a.type))
         self.tensors: tuple[_Slot, ...] = tuple(
             (i, a.name) for i, a in enumerate(arguments) if _can_hold_tensor(a.type)
         )
-        # Arguments the key may hold unseen (Note [Arguments the key cannot see]); HOPs keep torch's treatment.
+        # Arguments the key may hold unseen (Note [Arguments the key cannot see]).
         self.opaque: tuple[_Slot, ...] = tuple(
             (i, a.name) for i, a in enumerate(arguments) if not _visible_schema_type(a.type)
         )
 
 
-GENERIC_SLOTS = ArgSlots(None)
-
 _plain_args = _native.function("plain_args")  # csrc/keyparts.cpp; fetched once: extend_key calls it per hit
 
-def _values(
-    slots: tuple[_Slot, ...], generic: bool, args: Sequence[object], kwargs: Mapping[str, object]
-) -> list[tuple[object, object]]:
-    """(where, value) of each argument in ``slots``, or of every argument."""
-    if generic:
-        return [*enumerate(args), *kwargs.items()]
+def _values(slots: tuple[_Slot, ...], args: Sequence[object], kwargs: Mapping[str, object]) -> list[tuple[object, object]]:
+    """(where, value) of each argument in ``slots``."""
     out: list[tuple[object, object]] = []
     n = len(args)
     for i, name in slots:
@@ -109,7 +102,7 @@ _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def check_visible(
-    slots: ArgSlots, immutable: frozenset[type], args: Sequence[object], kwargs: Mapping[str, object]
+    opaque: tuple[_Slot, ...], immutable: frozenset[type], args: Sequence[object], kwargs: Mapping[str, object]
 ) -> None:
     """Bypasses, naming the type and the fix, unless the key sees the content of every opaque slot's value."""
     # Note [Arguments the key cannot see]
@@ -118,7 +111,7 @@ def check_visible(
     # anything passed as Any) is keyed by *which* object, not its state, so a hit could replay a stale read. Such
     # arguments (in opaque schema slots) bypass unless CachePolicy(immutable_types=...) declares them immutable.
     n = len(args)
-    for i, name in slots.opaque:
+    for i, name in opaque:
         value = args[i] if i < n else kwargs.get(name)
         culprit = _hidden(value, immutable)
         if culprit is not None:
@@ -189,7 +182,7 @@ def extend_key(
     """Extends ``key`` (Note [A key that sees what a fake kernel can see]); bypasses for NaN or a ``.grad``."""
     # On every backend hit, plain_args decides the common case in one walk; the rest, and all
     # without C++, take the full pass (Note [The common case of the key extension], csrc/keyparts.cpp).
-    if _plain_args is not None and not slots.generic and _plain_args(args, kwargs):
+    if _plain_args is not None and _plain_args(args, kwargs):
         return key
     return _extend_key(key, slots, state, args, kwargs)
 
@@ -203,11 +196,11 @@ def _extend_key(
 ) -> _DispatchCacheKey:
     """The full pass of :func:`extend_key`; view bases go through ``state``, so their symbols count."""
     marks: list[object] = []
-    for where, value in _values(slots.floats, slots.generic, args, kwargs):
+    for where, value in _values(slots.floats, args, kwargs):
         if type(value) is not float or value == 0.0 or value != value:
             _float_marks(value, (where,), marks)
     tensors: list[torch.Tensor] = []
-    for _, value in _values(slots.tensors, slots.generic, args, kwargs):
+    for _, value in _values(slots.tensors, args, kwargs):
         _tensors(value, tensors)
     views: list[int] = []
     for i, t in enumerate(tensors):
@@ -236,7 +229,9 @@ def _extend_key(
         assert base is not None
         is_arg = next((j for j, t in enumerate(tensors) if t is base), -1)
         # Its autograd state too: the argument's own .grad bypasses, its base's may be read as well.
-        values.append(("view of", i, is_arg, base.dtype, base.dim(), base.requires_grad, base._grad is not None))
+        # Reading a non-leaf's .grad warns; it has one only after retain_grad().
+        grad = (base.is_leaf or base.retains_grad) and base._grad is not None
+        values.append(("view of", i, is_arg, base.dtype, base.dim(), base.requires_grad, grad))
         for v in (*base.shape, *base.stride(), base.storage_offset()):
             if isinstance(v, torch.SymInt):
                 state.convert_sym_int(values, v)

@@ -127,7 +127,7 @@ def require_overload(api: str, op: object) -> OpOverload:
     raise TypeError(f"{api}: expected an OpOverload (torch.ops.ns.name.overload), got {describe_value(op)}{hint}")
 
 
-_HOP_HINT = "higher-order operators are cached by torch's own rules, not by a policy"
+_HOP_HINT = "a policy mode never caches higher-order operators, only the ops of their subgraphs"
 
 
 # Operator objects a policy takes one at a time; with HOPs, any operator one may pass where something else belongs.

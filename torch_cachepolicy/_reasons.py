@@ -13,6 +13,7 @@ DENIED = "denied by policy"
 BUILTIN_EXCLUDED = "builtin excluded by policy"
 CIA_VIEW = "CompositeImplicitAutograd"
 NO_FAKE_KERNEL = "no fake kernel"
+HIGHER_ORDER = "higher-order operator (the ops of its subgraph are cached)"
 
 # Per call, before the key is looked up.
 REAL_TENSORS = "propagate_real_tensors"
@@ -31,7 +32,7 @@ UNBACKED_SCALAR = "unbacked symbol in scalar output"
 OUTPUTS_ALIAS = "outputs alias each other"
 UNDECLARED_ALIAS = "output aliases an input without a schema annotation"
 SHAPE_ENV_CHANGED = "fake kernel changed the ShapeEnv"
-RUNS_EXCLUDED = "its kernel dispatches an op the policy denies or cannot cache"
+RUNS_EXCLUDED = "its kernel dispatches a backend op or an op the policy denies (a hit would not run it)"
 ALIAS_NOT_REPRODUCED = "output aliasing a cache hit would not reproduce"
 
 

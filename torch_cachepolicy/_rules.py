@@ -10,11 +10,7 @@ from torch._higher_order_ops.utils import registered_hop_fake_fns
 from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 
-from torch_cachepolicy._deps import record_rule
 from torch_cachepolicy._state import CacheState
-
-# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
-_Mode = _ft.FakeTensorMode
 
 _StockMode = _ft.FakeTensorMode
 _fake_registry = torch._library.simple_registry.singleton
@@ -25,7 +21,7 @@ _NO_RULES: Mapping[object, Any] = {}
 
 
 def dispatch(
-    mode: _Mode, state: CacheState, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
+    mode: _StockMode, state: CacheState, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object]
 ) -> object:
     """``FakeTensorMode.dispatch`` of a policy mode."""
     # Note [Rules for the FakeTensorMode class]
@@ -49,9 +45,7 @@ def dispatch(
         )
     if handler is not None and not _redirects_to_mode(func, handler) and (not is_op or _tls_key_included(_PYTHON_DISPATCHER)):
         if state.frames.open and is_op:
-            # Never reaches the cache, but an enclosing miss depends on it all
-            # the same (Note [Entries cover inner ops]).
-            record_rule(mode, state, func)
+            state.rule_ran(func)
         return handler(mode, *args, **(kwargs or {}))
     # A rule registered with register_torch_dispatch: a routed op keeps its
     # registry entry's rules by class; otherwise the registry is read without
@@ -66,7 +60,7 @@ def dispatch(
         rule = None
     if rule is not None:
         if state.frames.open:
-            record_rule(mode, state, func)
+            state.rule_ran(func)
         return rule(mode, func, types, args, kwargs or {})
     return _StockMode.dispatch(mode, func, types, args, kwargs)
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import _BypassDispatchCache
 
-from torch_cachepolicy._deps import Frames
+from torch_cachepolicy import _reasons
+from torch_cachepolicy._frames import Frames
 from torch_cachepolicy._routes import Route, route_for
 from torch_cachepolicy._synth import Synthesizer
 from torch_cachepolicy.policy import CachePolicy
 from torch_cachepolicy.report import KeyStats, OpStats
 from torch_cachepolicy.store import CacheStore, Partition, partition
+
+_MAX_CONTEXTS = 64
 
 
 class CacheState:
@@ -26,11 +29,12 @@ class CacheState:
             [Entries that must reproduce aliasing]), kept for the mode's life.
         synced_identity, partition, routes: the policy identity the routes were
             made for, its partition of the store, the route per op.
+        contexts: the context values each op has met (:meth:`check_context`).
         frames: the misses being computed; ``synth`` builds hits' outputs.
     """
 
-    __slots__ = ("frames", "isolated", "key_stats", "owns_store", "partition", "policy", "private_ops", "routes",
-                 "stats", "store", "synced_identity", "synth")  # fmt: skip
+    __slots__ = ("contexts", "frames", "isolated", "key_stats", "owns_store", "partition", "policy", "private_ops",
+                 "routes", "stats", "store", "synced_identity", "synth")  # fmt: skip
 
     def __init__(self, policy: CachePolicy, store: CacheStore | None) -> None:
         self.policy = policy
@@ -48,6 +52,7 @@ class CacheState:
         self.synced_identity: object = None
         self.partition = Partition()  # replaced by the policy's partition on first dispatch
         self.routes: dict[object, Route] = {}
+        self.contexts: dict[object, set[object]] = {}
         self.frames = Frames()
         self.synth = Synthesizer()
 
@@ -56,6 +61,7 @@ class CacheState:
         identity = self.policy.identity
         self.partition = partition(self.store, identity)
         self.routes = {}
+        self.contexts = {}
         self.synced_identity = identity
 
     def route(self, func: object) -> Route:
@@ -73,11 +79,28 @@ class CacheState:
             self.routes[func] = route
         return route
 
-    def keep_private(self, route: Route) -> None:
-        """Keeps ``route``'s op's entries in the store from now on, for this mode's life."""
-        route.keep_private()
-        if isinstance(route.func, OpOverload):
-            self.private_ops.add(route.func)
+    def keep_private(self, func: object) -> None:
+        """Keeps ``func``'s entries in the store from now on, for this mode's life (its next route says so)."""
+        self.private_ops.add(func)
+        self.routes.pop(func, None)
+
+    def rule_ran(self, func: object) -> None:
+        """A rule for the FakeTensorMode class answered ``func``, never reaching the cache: an open miss depends on
+        its run all the same (Note [Entries cover inner ops])."""
+        if self.route(func).taints:
+            self.frames.taint()
+
+    def check_context(self, route: Route, context: object) -> None:
+        """Bypasses once an op has met more context values than a lowering plausibly has: they never repeat."""
+        # A context that never equals itself (a fresh object compared by identity, a new NaN) would open one
+        # sub-table and one entry per dispatch, never hit, and grow the store for the mode's life; a bounded set tells.
+        seen = self.contexts.get(route.func)
+        if seen is None:
+            seen = self.contexts.setdefault(route.func, set())
+        if context not in seen:
+            if len(seen) >= _MAX_CONTEXTS:
+                raise _BypassDispatchCache(_reasons.CONTEXT_NEVER_REPEATS)
+            seen.add(context)
 
     def clear(self) -> None:
         """Drops the counters, the routes that hold them and the output plans, and empties the partition."""
@@ -85,6 +108,7 @@ class CacheState:
         self.key_stats = KeyStats()
         self.synth.clear()
         self.routes = {}
+        self.contexts = {}
         self.synced_identity = None
         partition(self.store, self.policy.identity).clear()
 

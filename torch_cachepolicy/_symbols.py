@@ -18,11 +18,9 @@
 # (which then teaches nothing, or misses again): never rerun at the miss, where
 # a second run could raise, or create symbols, for the caller. Whether the
 # ShapeEnv records what a kernel asks (guards suppressed, frozen, or raising on
-# a new guard) is part of the knowledge: an entry made where it does not serves
-# no call where it does. One made where it does serves the calls where it does
-# not too (_driver looks there second): reachable, it stands for a run that asks
-# no new guard, which no scope changes. After any sequence of hits the ShapeEnv
-# holds exactly what an uncached run leaves (test_symbols.py compares them).
+# a new guard) is part of the knowledge: an entry serves only calls made in a
+# scope like its own. After any sequence of hits the ShapeEnv holds exactly
+# what an uncached run leaves (test_symbols.py compares them).
 
 from __future__ import annotations
 
@@ -31,14 +29,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch.fx.experimental._config
-from torch._subclasses.fake_tensor import _BypassDispatchCache
+from torch._subclasses._fake_tensor_utils import _CacheKeyState
+from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheKey
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from torch_cachepolicy._compat import config_reader
 from torch_cachepolicy._reasons import UNKNOWN_SYMBOL
 
 
-def check_own_symbols(key: Any, state: Any) -> None:
+def check_own_symbols(key: _DispatchCacheKey, state: _CacheKeyState) -> None:
     """Bypasses (``UNKNOWN_SYMBOL``) a key holding a SymNode of another ShapeEnv than ``state``'s.
 
     Keys compare symbols by expression, so inputs of another ShapeEnv with
@@ -73,7 +72,7 @@ class _Index:
         self.guards_seen = len(guards)
 
 
-_indexes: weakref.WeakKeyDictionary[Any, _Index] = weakref.WeakKeyDictionary()
+_indexes: weakref.WeakKeyDictionary[ShapeEnv, _Index] = weakref.WeakKeyDictionary()
 _suppress_guards_tls = ShapeEnv._suppress_guards_tls
 # The configs that change what a kernel's guard_or_false / statically_known_true answer about backed symbols.
 _SEMANTICS = tuple(
@@ -83,7 +82,7 @@ _SEMANTICS = tuple(
 _NONE: frozenset[Any] = frozenset()
 
 
-def recording(shape_env: Any) -> tuple[bool, bool, bool] | None:
+def recording(shape_env: ShapeEnv) -> tuple[bool, bool, bool] | None:
     """None while ``shape_env`` records every guard; else whether it suppresses them, is frozen, or raises on one."""
     scope = (_suppress_guards_tls(), shape_env.frozen, shape_env._error_on_new_guards)
     return None if scope == _RECORDING else scope
@@ -92,9 +91,8 @@ def recording(shape_env: Any) -> tuple[bool, bool, bool] | None:
 _RECORDING = (False, False, False)
 
 
-def knowledge(shape_env: Any, symbols: Iterable[Any], as_recording: bool = False) -> tuple[object, ...]:
-    """Everything ``shape_env`` knows that bears on expressions over ``symbols``, and whether it records guards
-    (``as_recording``: as if it did).
+def knowledge(shape_env: ShapeEnv, symbols: Iterable[Any]) -> tuple[object, ...]:
+    """Everything ``shape_env`` knows that bears on expressions over ``symbols``, and whether it records guards.
 
     Hashable, and equal for equal knowledge. See Note [What the ShapeEnv knows].
     """
@@ -133,4 +131,4 @@ def knowledge(shape_env: Any, symbols: Iterable[Any], as_recording: bool = False
         rows.append((str(s), replacements.get(s), value_range, len(asserts.get(s, ())), s in size_like))
     per_symbol = tuple(sorted(rows, key=lambda row: row[0]))
     semantics = tuple(read() for read in _SEMANTICS)
-    return (per_symbol, frozenset(facts), divisible, semantics, None if as_recording else recording(shape_env))
+    return (per_symbol, frozenset(facts), divisible, semantics, recording(shape_env))

@@ -9,6 +9,7 @@ Others (conj/neg bits, other layouts, SymInt constants, views requiring grad), a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -24,7 +25,8 @@ from torch._subclasses.fake_tensor import (
 )
 
 from torch_cachepolicy import _native
-from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN, SYNTHESIS_TAKES_FUNC, Feature, off
+from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN, Feature, off
+from torch_cachepolicy._fakes import output_from_entry
 from torch_cachepolicy._key import SELF_CHECK, SELF_CHECK_ENV
 from torch_cachepolicy._verify import describe, first_difference
 
@@ -316,10 +318,7 @@ def _torch_output(
     args: Sequence[object],
 ) -> Any:
     """torch's synthesis, with a bare SymInt output rebuilt from its stub (:func:`stub_symint_output`)."""
-    if SYNTHESIS_TAKES_FUNC:
-        output: Any = _torch_synthesis(mode, state, entry, key, key.key[0], args)
-    else:
-        output = _torch_synthesis(mode, state, entry, key, args)
+    output = output_from_entry(functools.partial(_torch_synthesis, mode), state, entry, key, args)
     if type(output) is _SymIntOutputStub:
         # Stubs are made only for entries kept on a ShapeEnv, which a hit's state has.
         return output.extract(key, state.shape_env)  # type: ignore[arg-type]

@@ -24,8 +24,7 @@ from torch._subclasses.meta_utils import assert_eq, assert_metadata_eq
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from torch_cachepolicy import _reasons
-from torch_cachepolicy._compat import SYNTHESIS_TAKES_FUNC
-from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, storage_id
+from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, output_from_entry, storage_id
 
 # Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
 _Mode = _ft.FakeTensorMode
@@ -85,7 +84,7 @@ def _storage_fields(t: torch.Tensor) -> tuple[tuple[str, object], ...]:
 
 
 ALL_FIELDS = _tensor_fields
-"""Every field :func:`describe` compares (a backend or higher-order op's miss, the crosscheck)."""
+"""Every field :func:`describe` compares (a backend op's miss, the crosscheck)."""
 STORAGE_FIELDS = _storage_fields
 """What an aten entry cannot copy from its output (Note [What a hit of an aten entry can get wrong])."""
 
@@ -337,10 +336,7 @@ def verify_entry(
     entry on the miss that creates it])."""
     try:
         # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
-        if SYNTHESIS_TAKES_FUNC:
-            rebuilt = mode._output_from_cache_entry(state, entry, key, func, args)  # type: ignore[call-arg,arg-type]
-        else:
-            rebuilt = mode._output_from_cache_entry(state, entry, key, args)  # type: ignore[call-arg,arg-type]
+        rebuilt = output_from_entry(mode._output_from_cache_entry, state, entry, key, args)
     except _BypassDispatchCache:
         raise
     except Exception as e:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import _DispatchCacheEntry, _DispatchCacheKey
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-__all__ = ["CacheStore", "Partition", "Table", "partition"]
+__all__ = ["CacheStore"]
 
 
 class Table(dict["_DispatchCacheKey", "_DispatchCacheEntry"]):
@@ -24,6 +24,20 @@ class Table(dict["_DispatchCacheKey", "_DispatchCacheEntry"]):
 
 # A ShapeEnv's attribute holding its tables, per partition (Note [Symbolic entries live on the ShapeEnv]).
 _SHAPE_ENV_ATTR = "_torch_cachepolicy_tables"
+
+
+class _EnvTables(weakref.WeakKeyDictionary["Partition", dict[Hashable, Table]]):
+    """A ShapeEnv's tables by partition: a cache, so every copy of the ShapeEnv (copy, deepcopy, pickle) starts
+    without them, as a copied mode's store does; its entries hold what only this ShapeEnv and store mean."""
+
+    def __copy__(self) -> _EnvTables:
+        return _EnvTables()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _EnvTables:
+        return _EnvTables()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_EnvTables, ())
 
 
 class Partition:
@@ -39,7 +53,9 @@ class Partition:
     # An entry whose key holds symbols means something only in their ShapeEnv: keys compare symbols by expression
     # (one ShapeEnv's s0 equals another's), its sub-table holds what that ShapeEnv knows, and the stripped key keeps
     # parts of SymNodes. So, like shape_env.fake_tensor_cache, the tables hang off the ShapeEnv (an attribute weakly
-    # keyed by partition) and die with it; a weak set of ShapeEnvs lets the store count and clear them.
+    # keyed by partition) and die with it; a weak set of ShapeEnvs lets the store count and clear them. Copies of
+    # the ShapeEnv, of its SymInts, of a mode or of a graph holding them start without them (_EnvTables): nothing
+    # of the package's reaches a copy of torch's objects.
 
     __slots__ = ("__weakref__", "_lock", "_shape_envs", "tables")
 
@@ -65,7 +81,7 @@ class Partition:
         per_env = None if by_partition is None else by_partition.get(self)
         if per_env is None and create:
             with self._lock:
-                by_partition = shape_env.__dict__.setdefault(_SHAPE_ENV_ATTR, weakref.WeakKeyDictionary())
+                by_partition = shape_env.__dict__.setdefault(_SHAPE_ENV_ATTR, _EnvTables())
                 per_env = by_partition.setdefault(self, {})
                 self._shape_envs.add(shape_env)
         return per_env if per_env is not None else {}

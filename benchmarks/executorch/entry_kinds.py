@@ -19,18 +19,18 @@ cost the same in every configuration of a round.
 #   aten        an aten/prim/prims op's entry (torch's storage, or the store's when private or isolated);
 #   backend     an entry of an op the policy admits beyond the builtins;
 #   context     a backend entry of an op whose fake kernel reads the policy's context (context_key);
-#   symbolic    a backend or higher-order entry whose key holds symbols (sub-tables by what the ShapeEnv knows);
-#   second-look a hit found, in a guard-free ShapeEnv scope, among the entries made where guards are recorded;
-#   dependent   an entry whose kernel dispatched backend ops (a Dependent, checked against their table keys);
-#   hop         a higher-order operator's entry (its subgraph replayed).
-# Switched off, a kind's dispatches bypass: aten/backend/hop ops are routed to a bypass, context and symbolic
-# lookups raise a bypass, a dependent entry is stored as a negative one, and the second look finds nothing.
+#   symbolic    a backend entry whose key holds symbols (sub-tables by what the ShapeEnv knows).
+# Switched off, a kind's dispatches bypass: aten and backend ops are routed to a bypass, context and symbolic
+# lookups raise one. Three kinds the census removed (docs/design.md, "Kinds of entry") were counted by this module
+# at commit 59b3e54: Dependent entries (a kernel that dispatched backend ops), higher-order operators' entries, and
+# the second look of a guard-free ShapeEnv scope.
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import io
+import itertools
 import statistics
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -38,18 +38,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 from torch._subclasses.fake_tensor import _BypassDispatchCache, _DispatchCacheBypassEntry
 
 import torch_cachepolicy as tcp
 from benchmarks.progress import Rounds
 from benchmarks.timing import timed
-from torch_cachepolicy import _deps, _driver, _routes, _state
+from torch_cachepolicy import _driver, _routes, _state
 
 __all__ = ["KINDS", "WORKLOADS", "Tally", "Workload", "entry_census", "instrument"]
 
-KINDS: tuple[str, ...] = ("aten", "backend", "context", "symbolic", "second-look", "dependent", "hop")
+KINDS: tuple[str, ...] = ("aten", "backend", "context", "symbolic")
 """The kinds of entry (Note [Kinds of entry])."""
 
 SCHEMA = "benchmarks.executorch.entry_kinds/1"
@@ -58,20 +57,18 @@ SCHEMA = "benchmarks.executorch.entry_kinds/1"
 @dataclass
 class Tally:
     """Entries created and hits served per kind (Note [Kinds of entry]); ``negative`` counts negative entries by
-    the kind of their op, ``by_op`` hits per (kind, op), ``hops`` hits and entries per higher-order operator."""
+    the kind of their op, ``by_op`` hits per (kind, op)."""
 
     created: collections.Counter[str] = field(default_factory=collections.Counter)
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
     negative: collections.Counter[str] = field(default_factory=collections.Counter)
     by_op: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
-    hops: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "created": dict(self.created),
             "hits": dict(self.hits),
             "negative": dict(self.negative),
-            "hops": {f"{name} {what}": n for (name, what), n in self.hops.items()},
             "top_hits": {f"{kind} {op}": n for (kind, op), n in self.by_op.most_common(12)},
         }
 
@@ -79,12 +76,12 @@ class Tally:
 class _Call:
     """What the wrappers learn about one cached dispatch while it runs."""
 
-    __slots__ = ("dependent", "second_look", "shape_env")
+    __slots__ = ("func", "shape_env", "state")
 
-    def __init__(self) -> None:
+    def __init__(self, state: Any, func: object) -> None:
+        self.state = state
+        self.func = func
         self.shape_env: object = None
-        self.second_look = False
-        self.dependent = False
 
 
 _local = threading.local()
@@ -97,44 +94,17 @@ def _calls() -> list[_Call]:
     return stack
 
 
-def _kinds(route: _routes.Route, shape_env: object, dependent: bool, second_look: bool) -> list[str]:
+def _kinds(route: _routes.Route, shape_env: object) -> list[str]:
     """The kinds an entry or hit of ``route`` belongs to."""
     if route.kind is _routes.STOCK:
         return ["aten"]
-    kinds = []
-    if route.kind is _routes.HOP:
-        kinds.append("hop")
-    else:
-        kinds.append("backend")
-        assert route.deps is not None
-        if route.deps.uses_context:
-            kinds.append("context")
+    assert route.deps is not None
+    kinds = ["backend"]
+    if route.deps.uses_context:
+        kinds.append("context")
     if shape_env is not None:
         kinds.append("symbolic")
-    if dependent:
-        kinds.append("dependent")
-    if second_look:
-        kinds.append("second-look")
     return kinds
-
-
-def _op_name(func: object) -> str:
-    return str(func) if isinstance(func, OpOverload) else f"hop:{getattr(func, '__name__', func)}"
-
-
-class _SecondLook(dict):  # type: ignore[type-arg]
-    """The table of a second look: records on the current call whether it found the entry."""
-
-    def __init__(self, table: Any, call: _Call | None) -> None:
-        super().__init__()
-        self._table = table
-        self._call = call
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        entry = self._table.get(key, default)
-        if entry is not None and self._call is not None:
-            self._call.second_look = True
-        return entry
 
 
 @contextlib.contextmanager
@@ -147,19 +117,15 @@ def instrument(tally: Tally | None = None, off: str | None = None) -> Iterator[N
     if off is not None and off not in KINDS:
         raise ValueError(f"instrument(off=...): expected one of {KINDS}, got {off!r}")
     reason = f"census: {off} switched off"
-    originals = {
-        (_driver, "cached_dispatch"): _driver.cached_dispatch,
-        (_driver, "_table"): _driver._table,
-        (_driver, "_store"): _driver._store,
-        (_state, "route_for"): _state.route_for,
-        (_deps.Frames, "valid_entry"): _deps.Frames.valid_entry,
-    }
-    cached_dispatch, table_of, store, route_for, valid_entry = originals.values()
+    state_globals = vars(_state)
+    cached_dispatch, table_of, store, route_for = (
+        _driver.cached_dispatch, _driver._table, _driver._store, state_globals["route_for"]
+    )
 
     def counted_dispatch(mode: Any, state: Any, func: Any, *rest: Any) -> object:
         stats = state.stats.get(func)
         before = 0 if stats is None else stats.hits
-        call = _Call()
+        call = _Call(state, func)
         stack = _calls()
         stack.append(call)
         try:
@@ -169,63 +135,45 @@ def instrument(tally: Tally | None = None, off: str | None = None) -> Iterator[N
             stats = state.stats.get(func)
             route = state.routes.get(func)
             if tally is not None and stats is not None and route is not None and stats.hits > before:
-                for kind in _kinds(route, call.shape_env, call.dependent, call.second_look):
+                for kind in _kinds(route, call.shape_env):
                     tally.hits[kind] += 1
-                    tally.by_op[(kind, _op_name(func))] += 1
-                if route.kind is _routes.HOP:
-                    tally.hops[(_op_name(func), "hits")] += 1
+                    tally.by_op[(kind, str(func))] += 1
 
-    def table(state: Any, route: Any, table_key: Any, key_state: Any, shape_env: Any, as_recording: bool = False) -> Any:
+    def table(state: Any, route: Any, table_key: Any, key_state: Any, shape_env: Any) -> Any:
         stack = _calls()
-        call = stack[-1] if stack else None
-        if call is not None:
-            call.shape_env = shape_env
+        if stack:
+            stack[-1].shape_env = shape_env
         if off == "context" and route.kind is _routes.POLICY and route.deps.uses_context:
             raise _BypassDispatchCache(reason)
         if off == "symbolic" and route.kind is not _routes.STOCK and shape_env is not None:
             raise _BypassDispatchCache(reason)
-        found = table_of(state, route, table_key, key_state, shape_env, as_recording)
-        if as_recording:
-            return {} if off == "second-look" else _SecondLook(found, call)
-        return found
+        return table_of(state, route, table_key, key_state, shape_env)
 
-    def stored(state: Any, route: Any, call: Any, entry: Any, tables: list[Any]) -> None:
-        dependent = type(entry) is _deps.Dependent
-        if off == "dependent" and dependent:
-            entry = _DispatchCacheBypassEntry(reason)
-        if tally is not None:
-            kinds = _kinds(route, call.shape_env, dependent, False)
+    def stored(call: Any, entry: Any, where: Any) -> None:
+        stack = _calls()
+        if tally is not None and stack:
+            current = stack[-1]
             counter = tally.negative if isinstance(entry, _DispatchCacheBypassEntry) else tally.created
-            for kind in kinds:
+            for kind in _kinds(current.state.route(current.func), current.shape_env):
                 counter[kind] += 1
-            if route.kind is _routes.HOP:
-                tally.hops[(_op_name(route.func), "negative" if counter is tally.negative else "created")] += 1
-        store(state, route, call, entry, tables)
+        store(call, entry, where)
 
     def routed(policy: Any, func: Any, stats: Any, private: bool) -> tuple[Any, bool]:
         route, memoized = route_for(policy, func, stats, private)
-        kind = {_routes.STOCK: "aten", _routes.POLICY: "backend", _routes.HOP: "hop"}.get(route.kind)
+        kind = {_routes.STOCK: "aten", _routes.POLICY: "backend"}.get(route.kind)
         if off is not None and kind == off:
             return _routes.Route(_routes.BYPASS, func, stats, reason), memoized
         return route, memoized
 
-    def valid(self: Any, entry: Any, current: Callable[[Any], Any]) -> Any:
-        found = valid_entry(self, entry, current)
-        stack = _calls()
-        if found is not None and stack:
-            stack[-1].dependent = True
-        return found
-
     _driver.cached_dispatch = counted_dispatch  # type: ignore[assignment]
     _driver._table = table  # type: ignore[assignment]
     _driver._store = stored  # type: ignore[assignment]
-    _state.route_for = routed  # type: ignore[assignment]
-    _deps.Frames.valid_entry = valid  # type: ignore[method-assign]
+    state_globals["route_for"] = routed
     try:
         yield
     finally:
-        for (owner, name), original in originals.items():
-            setattr(owner, name, original)
+        _driver.cached_dispatch, _driver._table, _driver._store = cached_dispatch, table_of, store  # type: ignore[assignment]
+        state_globals["route_for"] = route_for
 
 
 # ------------------------------------------------------------------ workloads
@@ -270,7 +218,7 @@ class _Mlp(torch.nn.Module):
         super().__init__()
         widths = (64, 128, 128, 128, 64)
         self.layers = torch.nn.Sequential(
-            *(m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.GELU()))
+            *(m for a, b in itertools.pairwise(widths) for m in (torch.nn.Linear(a, b), torch.nn.GELU()))
         )
         self.head = torch.nn.Linear(64, 10)
 
