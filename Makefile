@@ -32,7 +32,7 @@ SUITE ?= core
 TIER_VENV = .venv-torch-$(TORCH)
 CORE_TESTS := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
 	test/test_keybuilder.py test/test_synth.py test/test_keyparts.py test/test_export.py test/test_adopt.py \
-	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
+	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py test/test_native.py
 FULL_TESTS := test --ignore=test/integration --ignore=test/test_packaging.py
 
 .PHONY: disk install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \

@@ -27,6 +27,7 @@ TORCH_REQUIREMENT = "torch" + _VERSION_PY["TORCH_REQUIREMENT"]
 ext_modules = []
 cmdclass = {}
 if USE_CPP:
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     ext_modules.append(
@@ -35,6 +36,9 @@ if USE_CPP:
             sorted(glob.glob("csrc/*.cpp")),
             # The headers too, so that a change to one rebuilds the extension (MANIFEST.in ships them in the sdist).
             depends=sorted(glob.glob("csrc/*.h")),
+            # The torch it is built against: _native uses _C only under that very torch (Note [An extension built
+            # for another torch] in torch_cachepolicy/_native.py).
+            define_macros=[("TORCH_CACHEPOLICY_TORCH_VERSION", f'"{torch.__version__}"')],
             extra_compile_args={"cxx": ["-O2"]},
         )
     )
