@@ -1,7 +1,8 @@
 """Loads ``torch_cachepolicy._C``, the package's native helpers, once for every module.
 
 Without the extension (``USE_CPP=0`` or no working C++ compiler at install, an import error, an extension built
-against another torch, or ``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` at import) :func:`extension` is None and
+against another torch, a changed torch internal it rests on (``_compat.Feature.NATIVE``), or
+``TORCH_CACHEPOLICY_FORCE_PYTHON=1`` at import) :func:`extension` and :func:`function` are None and
 each module uses torch's own code instead (torch's key, torch's synthesis: the
 same answers, slower); the kernel watch, whose fallback is also weaker, says
 so once per process (:func:`warn_fallback_once`).
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torch_cachepolicy._compat import TorchDriftWarning
+from torch_cachepolicy._compat import Feature, TorchDriftWarning, off
 
 FORCE_ENV = "TORCH_CACHEPOLICY_FORCE_PYTHON"
 """Set to anything but ``""`` or ``"0"`` at import to use the pure-Python paths."""
@@ -38,6 +39,9 @@ def _load() -> tuple[ModuleType | None, str, bool]:
     """The extension (or None), why it is not used (``""`` when it is), and whether that was already said."""
     if os.environ.get(FORCE_ENV, "") not in ("", "0"):
         return None, f"{FORCE_ENV} is set", False
+    drift = off(Feature.NATIVE)
+    if drift is not None:  # the package's TorchDriftWarning names it
+        return None, drift, True
     try:
         from torch_cachepolicy import _C  # type: ignore[attr-defined]
     except ImportError as e:
