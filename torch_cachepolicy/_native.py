@@ -10,6 +10,7 @@ so once per process (:func:`warn_fallback_once`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from types import ModuleType
@@ -42,11 +43,13 @@ def _load() -> tuple[ModuleType | None, str, bool]:
     drift = off(Feature.NATIVE)
     if drift is not None:  # the package's TorchDriftWarning names it
         return None, drift, True
+    if importlib.util.find_spec("torch_cachepolicy._C") is None:
+        return None, "torch_cachepolicy._C is not built (USE_CPP=0, or no working C++ compiler at install)", False
     try:
         from torch_cachepolicy import _C  # type: ignore[attr-defined]
     except ImportError as e:
         return None, f"torch_cachepolicy._C could not be imported ({e})", False
-    built, running = getattr(_C, "TORCH_VERSION", "an unrecorded version"), str(torch.__version__)
+    built, running = getattr(_C, "TORCH_VERSION", "(unrecorded)"), str(torch.__version__)
     if built != running:
         reason = f"torch_cachepolicy._C was built against torch {built}, not the installed torch {running}"
         warnings.warn(
