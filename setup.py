@@ -11,7 +11,8 @@ output synthesis (the same answers, slower) and a Python kernel watch. Without
 installs the package without the helper, as ``USE_CPP=0`` would;
 ``USE_CPP=1`` makes it an error (make sets it). A plain ``pip install .`` or
 ``pip wheel .`` also works: pip then builds in an isolated environment with
-the torch that ``pyproject.toml``'s ``[build-system]`` names, downloaded again.
+the torch that ``pyproject.toml``'s ``[build-system]`` names, downloaded again
+(the package uses that ``_C`` only if the same torch is installed).
 """
 
 import glob
