@@ -32,7 +32,7 @@ SUITE ?= core
 TIER_VENV = .venv-torch-$(TORCH)
 CORE_TESTS := test/test_mode.py test/test_policy.py test/test_keyset.py test/test_kernel_zoo.py test/test_compat.py \
 	test/test_keybuilder.py test/test_synth.py test/test_keyparts.py test/test_export.py test/test_adopt.py \
-	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py
+	test/test_upstream_patch.py test/test_fidelity.py test/test_symbols.py test/test_native.py
 FULL_TESTS := test --ignore=test/integration --ignore=test/test_packaging.py
 
 .PHONY: disk install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
@@ -44,8 +44,9 @@ $(PYTHON):
 $(INSTALLED): $(PYTHON) setup.py pyproject.toml torch_cachepolicy/version.py requirements/torch-$(MAIN_TORCH).txt $(wildcard csrc/*)
 	$(PIP) install --quiet -r requirements/torch-$(MAIN_TORCH).txt $(BUILD_TOOLS)
 	# --no-build-isolation: _C is built against the torch above; an isolated
-	# build would download torch again.
-	$(PIP) install --quiet --no-build-isolation -e ".[test,lint]"
+	# build would download torch again. USE_CPP=1: a failed build of _C stops
+	# here (without it the package would install on its Python paths).
+	USE_CPP=1 $(PIP) install --quiet --no-build-isolation -e ".[test,lint]"
 	touch $@
 
 install: $(INSTALLED)
@@ -126,7 +127,7 @@ SAN_ENV := LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-na
 	PYTHONMALLOC=malloc TORCH_CACHEPOLICY_SANITIZED=$$root/$(SAN_DIR)/lib
 
 $(SAN_DIR)/.built: $(INSTALLED) $(wildcard csrc/*)
-	CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+	USE_CPP=1 CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
 		$(PYTHON) setup.py -q build_ext --build-lib $(SAN_DIR)/lib --build-temp $(SAN_DIR)/temp
 	touch $@
 
@@ -157,7 +158,7 @@ test-torch:
 	(git ls-files -co --exclude-standard; git ls-files -d) | sort | uniq -u | grep -v '^csrc/' | tar -cf - -T - | tar -xf - -C $(TIER_VENV)/src; \
 	$(TIER_VENV)/bin/python setup.py -q sdist -d $(TIER_VENV)/dist > /dev/null; \
 	tar -xzf $(TIER_VENV)/dist/torch_cachepolicy-*.tar.gz -C $(TIER_VENV)/src --strip-components=1; \
-	cd $(TIER_VENV)/src && ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
+	cd $(TIER_VENV)/src && USE_CPP=1 ../bin/python -m pip install --quiet --no-build-isolation -e ".[test]"; \
 	../bin/python -c "import torch_cachepolicy._native as n; assert n.backend() == 'cpp', n.fallback_reason()"; \
 	echo "[test-torch] set-up took $$(( $$(date +%s) - start )) s (torch $$(( torch_done - start )) s)"
 	cd $(TIER_VENV)/src && ../bin/python -m pytest -q $(if $(filter full,$(SUITE)),$(FULL_TESTS),$(CORE_TESTS))

@@ -173,6 +173,8 @@ class KeyBuilder {
         stub_type_(ref(refs, "stub_type")),
         backref_type_(ref(refs, "backref_type")),
         suggest_memory_format_(ref(refs, "suggest_memory_format")),
+        // What it reads by name: each is listed in _compat._INTERNALS under
+        // Feature.NATIVE, so that a rename switches _C off at import.
         fake_mode_name_(py::str("fake_mode")),
         constant_name_(py::str("constant")),
         dispatch_keys_name_(py::str("dispatch_keys")),

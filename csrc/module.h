@@ -18,7 +18,7 @@ void init_keybuilder(pybind11::module& m);
 // keyparts.cpp (torch_cachepolicy._key_extension): plain_args.
 void init_keyparts(pybind11::module& m);
 // synth.cpp (torch_cachepolicy._synth): meta_empty_strided, meta_view_of,
-// meta_template, meta_fresh_like, meta_view_like.
+// meta_template, meta_fresh_like.
 void init_synth(pybind11::module& m);
 
 } // namespace torch_cachepolicy

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -73,6 +74,30 @@ def _init_without_crosscheck(self: Any, *, allow_fallback_kernels: bool = True, 
     self._allow_unsafe_data_ptr_access = False
     self.allow_fallback_kernels = allow_fallback_kernels
     self.propagate_real_tensors = False
+    self.in_kernel_invocation = False
+
+
+def _init_without_in_kernel_invocation(
+    self: Any, *, allow_fallback_kernels: bool = True, allow_non_fake_inputs: bool = False, shape_env: Any = None,
+    static_shapes: Any = None, export: bool = False,
+) -> None:
+    self.cache_enabled = self.cache_crosscheck_enabled = True
+    self.fake_tensor_converter = None
+    self.shape_env = shape_env
+    self._allow_unsafe_data_ptr_access = False
+    self.allow_fallback_kernels = allow_fallback_kernels
+    self.propagate_real_tensors = False
+
+
+def _new_keeping_constant_elsewhere(cls: type, fake_mode: Any, elem: Any, device: Any, constant: Any = None,
+                                    dispatch_keys: Any = None) -> Any:
+    self = object.__new__(cls)
+    self.fake_mode, self.dispatch_keys, self._constant = fake_mode, dispatch_keys, constant
+    return self
+
+
+def _init_without_keywords(self: Any, *, allow_fallback_kernels: bool = True, shape_env: Any = None) -> None:
+    self.in_kernel_invocation = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +162,7 @@ DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
         lambda: {
             "FakeTensorMode": plain_copy(
                 ft.FakeTensorMode,
-                __init__=lambda self, *, allow_fallback_kernels=True, shape_env=None: None,
+                __init__=_init_without_keywords,
             )
         },
         "FakeTensorMode.__init__ takes (self, allow_fallback_kernels, shape_env), without the keyword "
@@ -161,6 +186,36 @@ DRIFTS: dict[str, tuple[Callable[[], dict[str, object]], str | None]] = {
         "_BypassDispatchCache is not an Exception",
     ),
 }
+
+
+# name -> (what to change in the stand-in fake_tensor module, the drift it is reported as): renames of what csrc/
+# reads by name, each switching the C++ helper off (Feature.NATIVE) and nothing else.
+CPP_RENAMES: dict[str, tuple[Callable[[], dict[str, object]], str]] = {
+    "in_kernel_invocation": (
+        lambda: {"FakeTensorMode": plain_copy(ft.FakeTensorMode, __init__=_init_without_in_kernel_invocation)},
+        "FakeTensorMode.__init__ no longer uses the attributes (in_kernel_invocation)",
+    ),
+    "constant": (
+        lambda: {"FakeTensor": plain_copy(ft.FakeTensor, __new__=_new_keeping_constant_elsewhere)},
+        "FakeTensor.__new__ no longer uses the attributes (constant)",
+    ),
+    "_fake_device": (
+        lambda: {"FakeTensor": plain_copy(ft.FakeTensor, fake_device=property(lambda self: self._device))},
+        "FakeTensor.fake_device.fget no longer uses the attributes (_fake_device)",
+    ),
+}
+
+# An attribute name csrc/ hands to Python: a py::str("name"), or a literal passed to .attr() (but m.attr(...), which
+# defines the extension's own), getattr or *AttrString.
+CPP_ATTRIBUTE = re.compile(r'py::str\("(\w+)"\)|(?<!\bm)\.attr\("(\w+)"\)|(?:getattr|hasattr|AttrString)\([^;"]*"(\w+)"')
+# Names csrc/ reads of objects that are not torch's.
+NOT_TORCHS = {"update": "set.update, of a key state's known_symbols"}
+
+
+def cpp_attribute_names() -> set[str]:
+    """Every attribute name the C++ sources read (or set) on Python objects."""
+    sources = "\n".join(p.read_text() for p in sorted((ROOT / "csrc").iterdir()))
+    return {next(name for name in m.groups() if name) for m in CPP_ATTRIBUTE.finditer(sources)}
 
 
 @contextlib.contextmanager
@@ -254,15 +309,24 @@ class TestCompat(TestCase):
         (message,) = self.check("2.15.0", drift)
         self.assertExpectedInline(
             message,
-            """torch_cachepolicy: torch 2.15.0 changed private internals this package builds on (_tcp_compat_test_fake_tensor.FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), expected (self, state, key, func, args, kwargs, output, ...)). Switched off: the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, backend ops uncached); caching of backend and higher-order operators (they bypass; aten ops stay cached); the C++ key builder (torch's _cache_key builds every key); building hits without dispatch (torch's _output_from_cache_entry builds every hit). Everything else works as stock FakeTensorMode does. torch_cachepolicy is tested on torch 2.13.0, 2.14.1, 2.15.0; please report this with your torch version (pip install "torch==2.15.0" gives a tested release)""",  # noqa: B950
+            """torch_cachepolicy: torch 2.15.0 changed private internals this package builds on (_tcp_compat_test_fake_tensor.FakeTensorMode._make_cache_entry takes (self, state, key, func, args, kwargs, output, extra), expected (self, state, key, func, args, kwargs, output, ...)). Switched off: the policy cache (the mode dispatches as torch's FakeTensorMode: aten ops cached as stock caches them, backend ops uncached); caching of backend and higher-order operators (they bypass; aten ops stay cached); the C++ helper torch_cachepolicy._C (as with USE_CPP=0: torch's key and synthesis, a weaker kernel watch). Everything else works as stock FakeTensorMode does. torch_cachepolicy is tested on torch 2.13.0, 2.14.1, 2.15.0; please report this with your torch version (pip install "torch==2.15.0" gives a tested release)""",  # noqa: B950
         )
+
+    @parametrize("name", list(CPP_RENAMES))
+    def test_renamed_attribute_the_cpp_reads(self, name: str) -> None:
+        """A renamed attribute that csrc/ reads by name is found, and switches off the C++ helper and nothing else."""
+        changes, expected = CPP_RENAMES[name]
+        with drifted(changes()):
+            found = _compat.find_drift()
+        self.assertEqual([str(d) for d in found], [f"{STANDIN}.{expected}"])
+        self.assertEqual(set(_compat.switched_off(found)), {_compat.Feature.NATIVE})
 
     def test_features_rest_on_the_cache(self) -> None:
         """Switching the cache off switches its parts off; a part alone leaves the others on."""
         cache = _compat.Drift("x", "changed", _compat.Feature.CACHE)
         self.assertEqual(
             set(_compat.switched_off((cache,))),
-            {_compat.Feature.CACHE, _compat.Feature.BACKEND, _compat.Feature.KEY_BUILDER, _compat.Feature.HIT_BUILDER},
+            {_compat.Feature.CACHE, _compat.Feature.BACKEND, _compat.Feature.NATIVE},
         )
         backend = _compat.Drift("y", "changed", _compat.Feature.BACKEND)
         self.assertEqual(set(_compat.switched_off((backend,))), {_compat.Feature.BACKEND})
@@ -357,6 +421,16 @@ torch._subclasses.fake_tensor.FakeTensorMode.dispatch""",
         self.assertGreater(len(refs), 20)  # the scan sees the package's references
         self.assertEqual(sorted(r for r in refs if not covered(r)), [])
 
+    def test_every_name_the_cpp_reads_is_checked(self) -> None:
+        """Each attribute name csrc/ reads of torch's objects is listed under Feature.NATIVE (refers_to, or the
+        attribute an internal is), so that its rename switches the C++ helper off instead of failing each dispatch."""
+        native = [i for i in _compat._INTERNALS if i.feature is _compat.Feature.NATIVE]
+        listed = {name for i in native for name in (*i.refers_to, i.path.rpartition(".")[2])}
+        read = cpp_attribute_names()
+        # The scan sees what keybuilder.cpp reads.
+        self.assertLessEqual({"in_kernel_invocation", "_fake_device", "constant", "dispatch_keys", "node", "expr"}, read)
+        self.assertEqual(sorted(read - listed - set(NOT_TORCHS)), [])
+
     def test_scan_reads_every_module(self) -> None:
         """The scan reads every Python file of the package directory but _compat.py, and sees what each refers to."""
         by_file = private_torch_references()
@@ -434,6 +508,31 @@ DEGRADE_SCENARIOS = {
     "backend": "fake_impls.op_implementations_checks = tuple(fake_impls.op_implementations_checks)",
     "rules": "GenericTorchDispatchRuleHolder.find = rename_param(GenericTorchDispatchRuleHolder.find, "
     "'torch_dispatch_class', 'cls')",
+    # A real rename of what keybuilder.cpp reads: fake_device kept in another attribute.
+    "native": "ft.FakeTensor.fake_device = property(lambda self: self._device, "
+    "lambda self, device: setattr(self, '_device', ft.FakeTensor._normalize_fake_device(device)))",
+    "export": "export_trace._is_bogus_const_name = rename_param(export_trace._is_bogus_const_name, 'name', 'n')",
+}
+
+# What a scenario reads besides the run's outputs, warnings and report.
+DEGRADE_READS = {
+    "native": """
+from torch_cachepolicy import _native
+out["native"] = [_native.backend(), _native.fallback_reason(), list(mode.cache_key_stats().fallbacks)]
+""",
+    "export": """
+class Relu(torch.nn.Module):
+    def forward(self, x):
+        return x.relu()
+
+program = torch.export.export(Relu(), (torch.randn(2, 3),))
+out["export"] = {"torch": type(program).__name__}
+for api, call in (("export", lambda: tcp.export(Relu(), (torch.randn(2, 3),))), ("adopt", lambda: tcp.adopt(program))):
+    try:
+        out["export"][api] = type(call()).__name__
+    except RuntimeError as e:
+        out["export"][api] = str(e)
+""",
 }
 
 DEGRADE_RUN = """
@@ -442,6 +541,7 @@ import torch
 import torch.ao.quantization.fx._decomposed
 import torch._subclasses.fake_tensor as ft
 import torch._subclasses.fake_impls as fake_impls
+import torch.export._trace as export_trace
 from torch._library.simple_registry import GenericTorchDispatchRuleHolder
 
 def rename_param(fn, old, new):
@@ -479,9 +579,13 @@ stock = run(ft.FakeTensorMode(allow_non_fake_inputs=True))
 stock_hits = ft.FakeTensorMode.cache_info().hits
 ft.FakeTensorMode.cache_clear()
 mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"]), allow_non_fake_inputs=True)
-out["same_outputs"] = run(mode) == stock
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out["same_outputs"] = run(mode) == stock
+out["run_warnings"] = [str(w.message) for w in caught]
 out["torch_class_hits"] = (stock_hits, ft.FakeTensorMode.cache_info().hits)
 out["report"] = {r.op: [r.hits, r.misses, r.bypasses] for r in mode.cache_report().ops}
+READS
 print("RESULT " + json.dumps(out))
 """
 
@@ -489,8 +593,13 @@ print("RESULT " + json.dumps(out))
 class TestDegrade(TestCase):
     """On a torch whose internals drifted, the package imports, says what it switched off, and equals stock."""
 
+    def test_every_feature_has_a_scenario(self) -> None:
+        """Each level of the drift ladder (a Feature) has a scenario here: no level goes untested."""
+        self.assertEqual(sorted(DEGRADE_SCENARIOS), sorted(feature.name.lower() for feature in _compat.Feature))
+
     def degrade(self, scenario: str) -> Any:
-        return run_python(DEGRADE_RUN.replace("SCENARIO", DEGRADE_SCENARIOS[scenario]))
+        code = DEGRADE_RUN.replace("SCENARIO", DEGRADE_SCENARIOS[scenario])
+        return run_python(code.replace("READS", DEGRADE_READS.get(scenario, "")))
 
     def test_cache_drift_dispatches_as_stock(self) -> None:
         """A changed internal of the cache: one warning naming it; the mode caches as stock (torch's counters)."""
@@ -523,6 +632,40 @@ class TestDegrade(TestCase):
         self.assertEqual(result["report"]["aten::add.Tensor"][:2], [2, 1])
         self.assertEqual(result["torch_class_hits"][1], 0)  # the policy mode's own counters, not torch's
 
+    def test_native_drift_runs_the_python_paths(self) -> None:
+        """A renamed attribute the C++ helper reads: one warning naming it; the Python paths serve (as with
+        USE_CPP=0), with stock's outputs and the same hits, where each dispatch would raise AttributeError."""
+        result = self.degrade("native")
+        ((category, message),) = result["warnings"]
+        self.assertEqual(category, "TorchDriftWarning")
+        drift = "torch._subclasses.fake_tensor.FakeTensor.fake_device.fget no longer uses the attributes (_fake_device)"
+        self.assertIn(f"({drift}). Switched off: the C++ helper torch_cachepolicy._C (as with USE_CPP=0", message)
+        self.assertEqual(result["run_warnings"], [])  # the drift warning was the fallback's too
+        self.assertTrue(result["same_outputs"])
+        self.assertEqual(result["report"]["quantized_decomposed::quantize_per_tensor.default"], [2, 1, {}])
+        self.assertEqual(result["report"]["aten::add.Tensor"], [2, 1, {}])
+        backend, reason, keys = result["native"]
+        self.assertEqual((backend, keys), ("python", ["no C++ key builder"]))
+        self.assertRegex(reason, rf"^torch \S+ changed {re.escape(drift)}$")
+
+    def test_export_drift_leaves_the_mode(self) -> None:
+        """A changed internal export and adopt rest on: both raise naming it and the way out; torch.export.export and
+        the mode's cache work."""
+        result = self.degrade("export")
+        ((category, message),) = result["warnings"]
+        self.assertEqual(category, "TorchDriftWarning")
+        drift = "torch.export._trace._is_bogus_const_name takes (n), expected (name, ...)"
+        self.assertIn(f"({drift}). Switched off: torch_cachepolicy.export and adopt (they raise;", message)
+        self.assertEqual(result["export"]["torch"], "ExportedProgram")
+        for api in ("export", "adopt"):
+            self.assertRegex(
+                result["export"][api],
+                rf"^torch_cachepolicy\.{api}\(\.\.\.\): unavailable on this torch: torch \S+ changed "
+                rf"{re.escape(drift)}\. Use torch\.export\.export",
+            )
+        self.assertTrue(result["same_outputs"])
+        self.assertEqual(result["report"]["quantized_decomposed::quantize_per_tensor.default"], [2, 1, {}])
+
     def test_rules_drift_is_an_import_error(self) -> None:
         """A changed internal the subclass needs to apply stock's rules: ImportError naming it."""
         result = self.degrade("rules")
@@ -536,6 +679,7 @@ class TestDegrade(TestCase):
 def run_python(code: str) -> Any:
     """Runs ``code`` in a fresh interpreter with the repository importable; returns what it printed after RESULT."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    env.pop("TORCH_CACHEPOLICY_FORCE_PYTHON", None)  # what switches the C++ helper off is the drift
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if len(lines) != 1:

@@ -122,6 +122,16 @@ class TestReadme(TestCase):
         self.assertIn("$(MAKE) test-torch TORCH=2.14.1 SUITE=core", recipe)
         self.assertRegex((ROOT / ".ci" / "run").read_text(), r"\nmake test\n")
 
+    def test_make_requires_the_helper(self) -> None:
+        """README: `make` sets `USE_CPP=1` for every build of the helper, so that a failed build stops it."""
+        recipes = (ROOT / "Makefile").read_text().replace("\\\n", " ").splitlines()  # continued lines joined
+        builds = [
+            line for line in recipes
+            if line.startswith("\t") and ("install --quiet --no-build-isolation -e" in line or " build_ext " in line)
+        ]
+        self.assertEqual(len(builds), 3)  # .venv's install, a torch tier's install, the sanitizer build
+        self.assertEqual([line for line in builds if "USE_CPP=1 " not in line], [])
+
     def test_layout_names_are_defined(self) -> None:
         """README's Layout: each class a row names is defined in one of that row's modules."""
         rows = re.findall(r"^\| (`torch_cachepolicy/.*?) \| (.*) \|$", (ROOT / "README.md").read_text(), re.M)

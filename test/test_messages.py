@@ -49,7 +49,9 @@ ALLOWED = {
     ),
     "_compat.py: torch_cachepolicy": f"the import-time checks of torch's internals: {_IMPORT_TIME}",
     "_kernels.py: torch_cachepolicy": f"the import-time check of the kernel sources: {_IMPORT_TIME}",
-    "_native.py: torch_cachepolicy": f"the once-per-process warning that the C++ helper is missing: {_IMPORT_TIME}",
+    "_native.py: torch_cachepolicy": (
+        f"the once-per-process warning that the C++ helper is missing or built against another torch: {_IMPORT_TIME}"
+    ),
     "_key.py: torch_cachepolicy (TORCH_CACHEPOLICY_SELF_CHECK=1)": _SELF_CHECK,
     "_synth.py: torch_cachepolicy (TORCH_CACHEPOLICY_SELF_CHECK=1)": _SELF_CHECK,
 }

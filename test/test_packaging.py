@@ -9,7 +9,8 @@ helper needs, and the wheel must not hold ``_C``.
 ``TORCH_CACHEPOLICY_TEST_WHEEL_CPP=1`` (``make test-wheel``, not part of
 ``make test``) builds the helper and requires ``_C`` in the wheel. The sdist
 is built once too, and the helper is built from it (what a user without a
-wheel for their torch does).
+wheel for their torch does). One more wheel is built with a compiler that does
+not run (``CC`` and ``CXX`` name no program), failing in seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import unittest
@@ -48,17 +50,22 @@ NOT_COPIED = shutil.ignore_patterns(
 )
 
 
-def build_wheel(out: pathlib.Path, *, with_cpp: bool) -> pathlib.Path:
-    """Builds the wheel from a copy of the repository; returns its path."""
+def build_wheel(out: pathlib.Path, *, with_cpp: bool | None, **extra_env: str) -> tuple[pathlib.Path, str]:
+    """Builds the wheel from a copy of the repository, with ``USE_CPP`` 1, 0 or unset (``with_cpp`` True, False or
+    None) and ``extra_env`` set; returns its path and what the build printed."""
     src = out / "src"
     shutil.copytree(ROOT, src, ignore=NOT_COPIED)
-    env = {**os.environ, "USE_CPP": "1" if with_cpp else "0"}
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out / "dist"), "."]
+    env = {**{k: v for k, v in os.environ.items() if k != "USE_CPP"}, **extra_env}
+    if with_cpp is not None:
+        env["USE_CPP"] = "1" if with_cpp else "0"
+    # -v: pip shows what setup.py printed.
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(out / "dist")]
+    cmd.append(".")
     proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
     (wheel,) = (out / "dist").glob("torch_cachepolicy-*.whl")
-    return wheel
+    return wheel, proc.stdout + proc.stderr
 
 
 # What the wheel must ship besides its metadata and (when built) _C: the modules of the two packages setup.py's
@@ -123,7 +130,7 @@ class TestWheel(TestCase):
     def setUpClass(cls) -> None:
         super().setUpClass()
         cls.tmp = tempfile.TemporaryDirectory()
-        wheel = build_wheel(pathlib.Path(cls.tmp.name), with_cpp=WITH_CPP)
+        wheel, _ = build_wheel(pathlib.Path(cls.tmp.name), with_cpp=WITH_CPP)
         with zipfile.ZipFile(wheel) as zf:
             cls.names = set(zf.namelist())
             (meta,) = (n for n in cls.names if n.endswith(".dist-info/METADATA"))
@@ -186,6 +193,48 @@ typing-extensions>=4.4""",
         (torch_req,) = (r for r in build["requires"] if r.startswith("torch"))
         (runtime,) = (r for r in self.metadata.get_all("Requires-Dist") or [] if r.startswith("torch"))
         self.assertEqual(set(torch_req.removeprefix("torch").split(",")), set(runtime.removeprefix("torch").split(",")))
+
+
+class TestWithoutCompiler(TestCase):
+    """``pip wheel .`` where the C++ compiler does not run, ``USE_CPP`` unset."""
+
+    def test_installs_the_python_package(self) -> None:
+        """The build warns, naming USE_CPP=0, and goes on without _C; the package it installs imports and reports the
+        Python backend."""
+        with tempfile.TemporaryDirectory() as tmp:
+            out = pathlib.Path(tmp)
+            missing = str(out / "no-compiler")
+            wheel, log = build_wheel(out, with_cpp=None, CC=missing, CXX=missing)
+            self.assertIn("torch_cachepolicy: the C++ helper torch_cachepolicy._C could not be built", log)
+            self.assertIn("set USE_CPP=0 to skip the build", log)
+            with zipfile.ZipFile(wheel) as zf:
+                self.assertEqual([n for n in zf.namelist() if n.startswith("torch_cachepolicy/_C")], [])
+            target = out / "site"
+            install = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target)]
+            subprocess.run([*install, str(wheel)], capture_output=True, check=True)
+            code = (
+                "import json, torch_cachepolicy\n"
+                "from torch_cachepolicy import _native\n"
+                "print(json.dumps([torch_cachepolicy.__file__, _native.backend(), _native.fallback_reason()]))\n"
+            )
+            # -S: no site-packages .pth files, so that no editable install of the checkout can answer for the package
+            # (or its _C); site-packages itself after the target, for torch.
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(target), sysconfig.get_paths()["purelib"]))}
+            env.pop(_native.FORCE_ENV, None)
+            proc = subprocess.run([sys.executable, "-S", "-c", code], cwd=out, env=env, capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            where, backend, reason = json.loads(proc.stdout.splitlines()[-1])
+        self.assertTrue(where.startswith(str(target)), where)  # the installed wheel, not the checkout
+        self.assertEqual(backend, "python")
+        self.assertIn("torch_cachepolicy._C is not built", reason)
+
+    def test_use_cpp_1_requires_the_helper(self) -> None:
+        """With USE_CPP=1 (make and CI set it) the failed build stops the install instead."""
+        with tempfile.TemporaryDirectory() as tmp:
+            missing = str(pathlib.Path(tmp) / "no-compiler")
+            with self.assertRaisesRegex(AssertionError, "pip wheel .* failed") as ctx:
+                build_wheel(pathlib.Path(tmp), with_cpp=True, CC=missing, CXX=missing)
+        self.assertNotIn("could not be built", str(ctx.exception))
 
 
 class TestSdist(TestCase):

@@ -16,7 +16,8 @@ like (:func:`off`, and the gates at the end).
 # caches less (stock's dispatch, torch's key, torch's synthesis, backend ops bypassing with the reason). Only a
 # change to what the subclass needs to be a FakeTensorMode at all (Feature.RULES) raises ImportError. A torch newer
 # than every tested release imports with an UntestedTorchWarning (the checks cannot see every behaviour).
-# test/test_compat.py checks that every private torch name in the package's source is listed here.
+# test/test_compat.py checks that every private torch name in the package's source is listed here, and every
+# attribute name csrc/ reads (under Feature.NATIVE): C++ would fail each dispatch on a renamed one.
 #
 # Where the package does a torch function's work more cheaply, that function's behaviour (or, where behaviour
 # cannot be probed, its code) is read once here and the copy is used only while it is the known one: the gates at
@@ -75,14 +76,13 @@ class Feature(enum.Enum):
         "backend ops uncached)"
     )
     BACKEND = "caching of backend and higher-order operators (they bypass; aten ops stay cached)"
-    KEY_BUILDER = "the C++ key builder (torch's _cache_key builds every key)"
-    HIT_BUILDER = "building hits without dispatch (torch's _output_from_cache_entry builds every hit)"
+    NATIVE = "the C++ helper torch_cachepolicy._C (as with USE_CPP=0: torch's key and synthesis, a weaker kernel watch)"
     EXPORT = "torch_cachepolicy.export and adopt (they raise; torch.export.export works)"
 
 
 # What switching a feature off also switches off: the parts of the cache rest on the cache.
 _IMPLIED = {
-    Feature.CACHE: (Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER),
+    Feature.CACHE: (Feature.BACKEND, Feature.NATIVE),
 }
 
 
@@ -242,9 +242,7 @@ _FT = "torch._subclasses.fake_tensor"
 _MODE = "FakeTensorMode"
 _DISPATCH = ("self", "func", "types", "args", "kwargs")
 
-_RULES, _BACKEND, _KEY, _HIT, _EXPORT = (
-    Feature.RULES, Feature.BACKEND, Feature.KEY_BUILDER, Feature.HIT_BUILDER, Feature.EXPORT
-)
+_RULES, _BACKEND, _NATIVE, _EXPORT = Feature.RULES, Feature.BACKEND, Feature.NATIVE, Feature.EXPORT
 _UTILS = "torch._subclasses._fake_tensor_utils"
 _REGISTRY = "torch._library.simple_registry"
 
@@ -306,7 +304,7 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal(
         _UTILS,
         "_CacheKeyState.convert_sym_int",
-        _KEY,
+        _NATIVE,
         params=("self", "result", "arg"),
         refers_to=("sym_node_lookup", "known_symbols", "shape_env", "free_symbols", "_InputBackref", "_PySymInputStub"),
     ),
@@ -314,8 +312,8 @@ _INTERNALS: tuple[_Internal, ...] = (
     # _synth.stub_symint_output keeps a bare SymInt output as torch keeps a tensor output's sizes.
     _Internal(_UTILS, "_SymIntOutputStub.__init__", params=("self", "value", "key_path")),
     _Internal(_UTILS, "_SymIntOutputStub.extract", params=("self", "key", "shape_env")),
-    _Internal(_UTILS, "_InputBackref", _KEY, fields=("value",)),
-    _Internal(_FT, "suggest_memory_format", _KEY, params=("x",)),
+    _Internal(_UTILS, "_InputBackref", _NATIVE, fields=("value",)),
+    _Internal(_FT, "suggest_memory_format", _NATIVE, params=("x",)),
     # Functions.
     _Internal(_FT, "disable_fake_tensor_cache", params=("fake_mode",)),
     _Internal(_FT, "unset_fake_temporarily", _EXPORT, params=()),
@@ -365,11 +363,11 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch.utils._config_module", "_UNSET_SENTINEL", _BACKEND),
     # _synth.FakeTensors makes a hit's FakeTensor as FakeTensor.__new__ does (FAKE_TENSOR_CONSTRUCTOR_KNOWN
     # below; Note [A hit's FakeTensor]).
-    _Internal("torch", "Tensor._make_subclass", _HIT),
-    _Internal("torch._C", "_set_throw_on_mutable_data_ptr", _HIT),
-    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr", _HIT),
-    _Internal("torch._C", "_dispatch_keys", _HIT),  # _synth's self-check compares hits' dispatch keys
-    _Internal(_FT, "FakeTensorConfig.debug", _HIT, check=_is_type(bool)),
+    _Internal("torch", "Tensor._make_subclass", _NATIVE),
+    _Internal("torch._C", "_set_throw_on_mutable_data_ptr", _NATIVE),
+    _Internal("torch._C", "_set_warn_deprecated_on_mutable_data_ptr", _NATIVE),
+    _Internal("torch._C", "_dispatch_keys", _NATIVE),  # _synth's self-check compares hits' dispatch keys
+    _Internal(_FT, "FakeTensorConfig.debug", _NATIVE, check=_is_type(bool)),
     # _verify.shape_env_state: what a backend kernel may teach the ShapeEnv.
     _Internal("torch.fx.experimental.symbolic_shapes", "ShapeEnv", _BACKEND, check=_check_shape_env_counters),
     _Internal("torch._library.fake_impl", "FakeImplHolder", _BACKEND, params=("qualname",), check=_check_fake_impl_holder),
@@ -395,17 +393,26 @@ _INTERNALS: tuple[_Internal, ...] = (
     _Internal("torch._C", "DispatchKey", _RULES),
     # The key builder (_key.py, csrc/keybuilder.cpp) reproduces _cache_key's key from these: its prefix, and each
     # tensor's metadata fields in this order (Note [What the key builder reproduces]).
-    _Internal("torch._C", "_get_default_device", _KEY),
+    _Internal("torch._C", "_get_default_device", _NATIVE),
+    # What keybuilder.cpp reads by name (test_compat checks that every name csrc/ reads is listed): the mode's
+    # in_kernel_invocation; a FakeTensor's fake_mode, constant, dispatch_keys and _fake_device (what fake_device
+    # returns); a SymInt's node; a SymNode's expr and shape_env; a key state's fields (convert_sym_int's above).
+    _Internal(_FT, f"{_MODE}.__init__", _NATIVE, refers_to=("in_kernel_invocation",)),
+    _Internal(_FT, "FakeTensor.__new__", _NATIVE, refers_to=("fake_mode", "constant", "dispatch_keys")),
+    _Internal(_FT, "FakeTensor.fake_device.fget", _NATIVE, refers_to=("_fake_device",)),
+    _Internal("torch", "SymInt.__init__", _NATIVE, refers_to=("node",)),
+    _Internal("torch.fx.experimental.sym_node", "SymNode.__init__", _NATIVE, refers_to=("shape_env",)),
+    _Internal("torch.fx.experimental.sym_node", "SymNode.expr", _NATIVE, check=_is_type(property)),
     _Internal("torch.fx.experimental.proxy_tensor", "get_proxy_mode", params=()),
     _Internal(
         _FT,
         "TensorMetadata",
-        _KEY,
+        _NATIVE,
         fields=("dtype", "shape", "stride", "device", "layout", "memory_format", "storage_offset", "storage_bytes",
                 "requires_grad", "is_quantized", "is_conj", "is_neg", "is_inference", "is_sparse", "is_coalesced",
                 "dense_dim", "sparse_dim"),
     ),
-    _Internal(_FT, "extract_tensor_metadata", _KEY, params=("t",)),
+    _Internal(_FT, "extract_tensor_metadata", _NATIVE, params=("t",)),
     # export.py: torch.export.export traces under an active TracingContext's fake mode (make_fake_inputs); its
     # check of lifted fake constants is re-run on the result (Note [Exporting under a TracingContext]).
     _Internal("torch._guards", "TracingContext", _EXPORT, params=("fake_mode",)),
@@ -642,9 +649,7 @@ _CONSTRUCTOR_NAMES = frozenset(
     }
 )  # fmt: skip
 
-FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = (
-    off(Feature.HIT_BUILDER) is None and code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
-)
+FAKE_TENSOR_CONSTRUCTOR_KNOWN: bool = code_names(_ft.FakeTensor.__new__) == _CONSTRUCTOR_NAMES
 """Whether ``FakeTensor.__new__`` is the known one (Note [A hit's FakeTensor] in ``_synth.py``)."""
 
 SYNTHESIS_TAKES_FUNC: bool = "func" in inspect.signature(_ft.FakeTensorMode._output_from_cache_entry).parameters
@@ -653,7 +658,7 @@ SYNTHESIS_TAKES_FUNC: bool = "func" in inspect.signature(_ft.FakeTensorMode._out
 
 def _memory_format_order() -> list[str]:
     # Which of the two names extract_tensor_metadata uses first; see SYMBOLIC_KEYS.
-    if off(Feature.KEY_BUILDER) is not None:
+    if off(Feature.NATIVE) is not None:  # extract_tensor_metadata may be gone
         return []
     return [
         ins.argval

@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, _Dis
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from torch_cachepolicy import _native
-from torch_cachepolicy._compat import SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS, Feature, off
+from torch_cachepolicy._compat import SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS
 from torch_cachepolicy.report import KeyStats
 
 # Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
@@ -73,7 +73,7 @@ TORCH_KEYED_TYPES: frozenset[type] = frozenset(
 
 def _make_builder() -> Any:
     key_builder = _native.function("KeyBuilder")
-    if key_builder is None or off(Feature.KEY_BUILDER) is not None:
+    if key_builder is None:
         return None
     return key_builder(
         {

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from torch_cachepolicy import _native
-from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN, Feature, off
+from torch_cachepolicy._compat import FAKE_TENSOR_CONSTRUCTOR_KNOWN
 from torch_cachepolicy._fakes import output_from_entry
 from torch_cachepolicy._key import SELF_CHECK, SELF_CHECK_ENV
 from torch_cachepolicy._verify import describe, first_difference
@@ -34,9 +34,8 @@ from torch_cachepolicy._verify import describe, first_difference
 _Mode = _ft.FakeTensorMode
 
 # csrc/synth.cpp; fetched once because every plain hit calls them. None (torch's synthesis for every hit) without
-# the extension, or where a changed internal switched hits without dispatch off.
-_HIT_BUILDER_OFF = off(Feature.HIT_BUILDER)
-_meta_empty_strided = _native.function("meta_empty_strided") if _HIT_BUILDER_OFF is None else None
+# the extension, which a changed internal it rests on also switches off.
+_meta_empty_strided = _native.function("meta_empty_strided")
 _meta_view_of = _native.function("meta_view_of")
 _meta_template = _native.function("meta_template")
 _meta_fresh_like = _native.function("meta_fresh_like")
