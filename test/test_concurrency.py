@@ -157,6 +157,66 @@ class TestConcurrency(TestCase):
     def assertNoErrors(self, errors: list[BaseException]) -> None:
         self.assertEqual([repr(e) for e in errors], [])
 
+    def test_a_mode_and_its_copy_in_two_threads(self) -> None:
+        """A mode and its copy.copy (one store, one policy), one per thread, each dispatching context-reading ops
+        directly, under invoke_subgraph and inside another backend kernel: after the context changes every call
+        gives what an uncached dispatch gives (upstream v5.5 review, finding 1: 25-52 stale of 390 on the series)."""
+        import copy
+
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        cast = testing.op("ambient_cast")
+        lib = torch.library.Library("tcp_concurrency", "FRAGMENT")
+        self.addCleanup(lib._destroy)
+        lib.define("outer(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_concurrency::outer", lambda x: cast(x).neg(), lib=lib)
+        outer = torch.ops.tcp_concurrency.outer.default
+        policy = tcp.CachePolicy(
+            namespaces=[testing.NS, "tcp_concurrency"],
+            context_key=lambda: testing.ambient["dtype"],
+            context_namespaces=[testing.NS],
+        )
+        body = torch.fx.symbolic_trace(lambda a: (cast(a).neg(),))
+        calls: list[Callable[[torch.Tensor], torch.dtype]] = [
+            lambda x: cast(x).dtype,
+            lambda x: invoke_subgraph(body, "body", x)[0].dtype,
+            lambda x: outer(x).dtype,
+        ]
+        stale = total = 0
+        errors: list[BaseException] = []
+        try:
+            for _ in range(10):
+                testing.ambient["dtype"] = torch.float16
+                mode = tcp.FakeTensorMode(cache_policy=policy)
+                twin = copy.copy(mode)
+                inputs = {m: [m.from_tensor(torch.empty(n)) for n in range(1, 40)] for m in (mode, twin)}
+
+                def run(m: tcp.FakeTensorMode) -> None:
+                    try:
+                        with m:
+                            for x in inputs[m]:
+                                for call in calls:
+                                    call(x)
+                    except BaseException as e:
+                        errors.append(e)
+
+                threads = [threading.Thread(target=run, args=(m,)) for m in (mode, twin)]
+                with frequent_switches():
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                testing.ambient["dtype"] = torch.int8
+                with mode:
+                    for x in inputs[mode]:
+                        for call in calls:
+                            total += 1
+                            stale += call(x) != torch.int8
+        finally:
+            testing.ambient["dtype"] = torch.float32
+        self.assertNoErrors(errors)
+        self.assertEqual((stale, total), (0, 10 * 39 * len(calls)))
+
     def test_modes_in_threads_do_not_cross_talk(self) -> None:
         """Stock and policy modes in ten threads each count exactly what they count alone."""
         shared = tcp.CacheStore(isolated=True)

@@ -25,6 +25,7 @@ import cachepolicy_testing as testing
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+from torch._opaque_base import OpaqueBase
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import FakeTensor, UnsupportedOperatorException
 from torch._subclasses.fake_tensor import FakeTensorMode as StockMode
@@ -38,6 +39,7 @@ from torch.testing._internal.common_utils import (
 
 import torch_cachepolicy as tcp
 from torch_cachepolicy import _compat, _kernels, _reasons
+from torch_cachepolicy import store as store_module
 
 NS = "tcp_fidelity"
 FID = testing.CountedOps(NS)
@@ -122,6 +124,15 @@ FID.lib.define("composite(Tensor x) -> Tensor")
 FID.lib.impl(
     "composite", FID.counted("composite", lambda x: x.new_empty(x.shape)), "CompositeExplicitAutograd"
 )
+
+class OpaqueSize(OpaqueBase):
+    """A reference-typed opaque object: a size its holder may change."""
+
+    __module__ = "tcp_fidelity_opaque"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
 
 plain = torch.ops.tcp_fidelity.plain.default
 ruled = torch.ops.tcp_fidelity.ruled.default
@@ -428,6 +439,33 @@ class TestCopies(FidelityTestCase):
 
         self.assertEqual(error(self.filled_mode()), error(StockMode()))
 
+    @parametrize("what", ["symint", "shape_env", "mode", "graph_module"])
+    def test_deepcopy_after_symbolic_backend_entries(self, what: str) -> None:
+        """After symbolic backend dispatches (one whose kernel dispatches another backend op among them), a SymInt,
+        the ShapeEnv, the mode and a GraphModule whose meta holds the mode deep-copy as stock's do; the ShapeEnv's
+        copy holds none of the package's tables."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        shape_env = ShapeEnv()
+        mode = tcp.FakeTensorMode(cache_policy=policy(), shape_env=shape_env)
+        x = mode.from_tensor(torch.empty(4, 3), symbolic_context=StatelessSymbolicContext([DimDynamic.DYNAMIC] * 2))
+        with mode:
+            for _ in range(2):
+                plain(x), outer(x)
+        self.assertGreater(len(shape_env.__dict__.get(store_module._SHAPE_ENV_ATTR, {})), 0)
+        gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+        gm.meta["fake_mode"] = mode
+        target = {"symint": x.shape[0], "shape_env": shape_env, "mode": mode, "graph_module": gm}[what]
+        clone = copy.deepcopy(target)
+        if what == "shape_env":
+            self.assertEqual(len(clone.__dict__[store_module._SHAPE_ENV_ATTR]), 0)
+            self.assertEqual(len(shape_env.__dict__[store_module._SHAPE_ENV_ATTR]), 1)
+        if what == "mode":
+            self.assertEqual(len(clone.shape_env.__dict__.get(store_module._SHAPE_ENV_ATTR, {})), 0)
+            with clone:
+                y = clone.from_tensor(torch.empty(4, 3))
+                self.assertEqual(described(plain(y)), described(plain(y)))
+
     def test_store_copies_start_empty(self) -> None:
         """copy, deepcopy and pickle of a CacheStore give an empty store of the same isolation."""
         store = self.filled_mode(cache_store=tcp.CacheStore(isolated=True)).cache_store
@@ -577,6 +615,46 @@ class TestWhatAKernelCanTouch(FidelityTestCase):
             seen.append(sizes)
         # Before the fix: cached [2, 2, 2, 2, 2] (4 invoke_subgraph hits), uncached [2, 2, 3, 3, 2].
         self.assertEqual(seen[0], seen[1])
+
+    @parametrize("held", ["script object", "opaque reference", "recompiled body"])
+    def test_invoke_subgraph_operand_that_changes_behind_its_identity(self, held: str) -> None:
+        """An invoke_subgraph operand whose content changes while its identity stays (a FakeScriptObject, a
+        reference-typed opaque object, the body rewritten in place and recompiled) gives what an uncached dispatch
+        gives, under the default policy (Note [Higher-order ops bypass])."""
+        from torch._library.fake_class_registry import FakeScriptObject
+        from torch._library.opaque_object import is_opaque_type, register_opaque_type
+
+        if not is_opaque_type(OpaqueSize):  # registration is never undone: once per process
+            register_opaque_type(OpaqueSize, typ="reference")
+
+        def run(mode: Any) -> list[tuple[int, ...]]:
+            state = OpaqueSize(2)
+            operand: tuple[object, ...] = ()
+            if held == "script object":
+                operand = (FakeScriptObject(state, "__torch__.torch.classes.tcp.Thing", None),)
+                body = torch.fx.symbolic_trace(lambda a, o: (a.new_empty(o.wrapped_obj.n),))
+            elif held == "opaque reference":
+                operand = (state,)
+                body = torch.fx.symbolic_trace(lambda a, o: (a.new_empty(o.n),))
+            else:
+                body = torch.fx.symbolic_trace(lambda a: (a.new_empty(3),))
+            x = mode.from_tensor(torch.empty(3))
+            shapes = []
+            with mode:
+                for n in (2, 5, 7):
+                    state.n = n
+                    if held == "recompiled body" and n == 5:
+                        (node,) = (nd for nd in body.graph.nodes if nd.op == "call_method")
+                        node.args = (node.args[0], 6)
+                        body.recompile()
+                    shapes.append(tuple(invoke_subgraph(body, "body", x, *operand)[0].shape))
+            return shapes
+
+        uncached = StockMode()
+        uncached.cache_enabled = False
+        expected = run(uncached)
+        self.assertEqual(expected, [(3,), (6,), (6,)] if held == "recompiled body" else [(2,), (5,), (7,)])
+        self.assertEqual(run(tcp.FakeTensorMode()), expected)
 
     def test_argument_declared_immutable(self) -> None:
         """A type the policy declares immutable is keyed by the object, and served from the cache."""

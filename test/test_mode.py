@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import gc
 import math
@@ -1012,6 +1013,22 @@ tcp_test::dyn.default                                 0       0  unbacked symbol
             {"aten": (0, 2, 0), "quantized_decomposed": (0, 0, 3), "tcp_test": (2, 1, 3)},
         )
 
+    def test_report_is_a_mapping(self) -> None:
+        """A report is a Mapping from op names to rows: in, len, iteration, get and dict() work, by op or name."""
+        with tcp.FakeTensorMode(cache_policy=testing.backend_policy()) as mode:
+            x = torch.empty(1, 1, 2, 2)
+            conv(x, 1), conv(x, 1)
+        report = mode.cache_report()
+        self.assertIsInstance(report, collections.abc.Mapping)
+        self.assertEqual(list(report), [r.op for r in report.ops])
+        self.assertEqual(len(report), len(report.ops))
+        self.assertIn(conv, report)
+        self.assertIn("tcp_test::conv.default", report)
+        self.assertNotIn(torch.ops.tcp_test.conv, report)  # a packet names no row
+        self.assertNotIn(0, report)
+        self.assertIsNone(report.get(torch.ops.tcp_test.pair.default))
+        self.assertEqual(dict(report)["tcp_test::conv.default"], report[conv])
+        self.assertEqual(report[conv].hits, 1)
 
     def test_report_lookup_errors(self) -> None:
         """Looking up a packet names the overloads dispatched; an op never dispatched says so."""

@@ -99,6 +99,34 @@ class TestTracedGraphs(TestCase):
         self.assertSameGraph(stock, ours)
         self.assertGreater(mode.cache_info().hits + mode.cache_info().misses, 0)
 
+    @parametrize("tracing_mode", ["symbolic", "fake"])
+    def test_make_fx_over_hits_of_scalar_and_tensor_backend_ops(self, tracing_mode: str) -> None:
+        """make_fx over a policy mode whose second calls hit (a bare SymInt output, a tensor output) traces the
+        graph stock traces: a hit's SymInt is this call's, never the first call's object (upstream review p13)."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a, b = torch.ops.tcp_traced.nsize(x), torch.ops.tcp_traced.nsize(x)
+            return x.new_zeros(a + b), torch.ops.tcp_traced.twice(x) + torch.ops.tcp_traced.twice(x)
+
+        def trace(mode: Any) -> str:
+            context = StatelessSymbolicContext([DimDynamic.DYNAMIC] * 2) if tracing_mode == "symbolic" else None
+            x = mode.from_tensor(torch.randn(4, 3), symbolic_context=context)
+            return make_fx(f, tracing_mode=tracing_mode)(x).code
+
+        with torch.library._scoped_library("tcp_traced", "FRAGMENT") as lib:
+            lib.define("nsize(Tensor x) -> SymInt")
+            torch.library.register_fake("tcp_traced::nsize", lambda x: x.shape[0] * 3, lib=lib)
+            lib.define("twice(Tensor x) -> Tensor")
+            torch.library.register_fake("tcp_traced::twice", lambda x: x.new_empty(2 * x.shape[0], x.shape[1]), lib=lib)
+            stock = trace(torch._subclasses.fake_tensor.FakeTensorMode(shape_env=ShapeEnv()))
+            mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_traced"]), shape_env=ShapeEnv())
+            ours = trace(mode)
+            hits = mode.cache_report()[torch.ops.tcp_traced.nsize.default].hits
+        self.assertEqual(ours, stock)
+        self.assertEqual(hits, 1)
+
 
 instantiate_parametrized_tests(TestTracedGraphs)
 

@@ -427,11 +427,6 @@ _INTERNALS: tuple[_Internal, ...] = (
         "torch._higher_order_ops.utils", "redirect_to_mode", _RULES, params=("hop", "mode"),
         check=_check_redirect_to_mode,
     ),
-    _Internal("torch._higher_order_ops.utils", "SubgraphCallableWrapper.__init__", _BACKEND, refers_to=("subgraph",)),
-    _Internal(
-        "torch._higher_order_ops.auto_functionalize", "FunctionalCallableWithEpilogue.__init__", _BACKEND,
-        refers_to=("orig_callable",),
-    ),
 )
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from torch._ops import OpOverloadPacket
 
-__all__ = ["CacheReport", "KeyStats", "OpReport", "OpStats"]
+__all__ = ["CacheReport", "KeyStats", "OpReport"]
 
 
 class OpStats:
@@ -64,8 +65,12 @@ class OpReport:
 
 
 @dataclass(frozen=True)
-class CacheReport:
-    """A snapshot of :meth:`FakeTensorMode.cache_report`, ops sorted by name."""
+class CacheReport(Mapping[str, OpReport]):
+    """A snapshot of :meth:`FakeTensorMode.cache_report`: a mapping from each dispatched operator's name
+    (``"aten::add.Tensor"``, ``"invoke_subgraph"``) to its :class:`OpReport`, in name order.
+
+    ``report[op]`` and ``op in report`` also take the operator itself (an ``OpOverload``, a higher-order operator).
+    """
 
     ops: tuple[OpReport, ...]
 
@@ -101,6 +106,12 @@ class CacheReport:
                 raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} has a row per overload; pass one of {dispatched}")
             raise KeyError(f"torch_cachepolicy.CacheReport[...]: no overload of {name} was dispatched by this mode")
         raise KeyError(f"torch_cachepolicy.CacheReport[...]: {name} was not dispatched by this mode")
+
+    def __iter__(self) -> Iterator[str]:
+        return (r.op for r in self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
 
     def __str__(self) -> str:
         if not self.ops:
