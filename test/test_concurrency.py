@@ -191,16 +191,16 @@ class TestConcurrency(TestCase):
                 twin = copy.copy(mode)
                 inputs = {m: [m.from_tensor(torch.empty(n)) for n in range(1, 40)] for m in (mode, twin)}
 
-                def run(m: tcp.FakeTensorMode) -> None:
+                def run(m: tcp.FakeTensorMode, xs: list[torch.Tensor]) -> None:
                     try:
                         with m:
-                            for x in inputs[m]:
+                            for x in xs:
                                 for call in calls:
                                     call(x)
                     except BaseException as e:
                         errors.append(e)
 
-                threads = [threading.Thread(target=run, args=(m,)) for m in (mode, twin)]
+                threads = [threading.Thread(target=run, args=(m, inputs[m])) for m in (mode, twin)]
                 with frequent_switches():
                     for t in threads:
                         t.start()

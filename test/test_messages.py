@@ -245,6 +245,7 @@ _arguments.py: {api}
 _arguments.py: {where}
 _compat.py: torch_cachepolicy
 _kernels.py: torch_cachepolicy
+_kernels.py: torch_cachepolicy.CachePolicy.context_key()
 _key.py: torch_cachepolicy (TORCH_CACHEPOLICY_SELF_CHECK=1)
 _keyset.py: torch_cachepolicy.CachePolicy.decide(...)
 _keyset.py: {api}

@@ -172,8 +172,8 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
     aten = route.kind is STOCK
     snapshot = None if aten and not route.func._schema.is_mutable else InputSnapshot(call.args, call.kwargs)  # type: ignore[attr-defined]
     # A backend kernel must not create symbols nor, if it saw none, teach the ShapeEnv (a hit would not).
-    watch_env = not aten and mode.shape_env is not None
-    env_before = shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) if watch_env else None
+    env = None if aten else mode.shape_env
+    env_before = None if env is None else shape_env_state(env, symbols_only=call.shape_env is not None)
     output, frame = _run(mode, state, route, call)
     in_torch_storage = call.table is FakeTensorMode.cache or (
         call.shape_env is not None and call.table is call.shape_env.fake_tensor_cache
@@ -249,7 +249,8 @@ def _verify(
     try:
         if route.kind is POLICY:
             check_backend_output(call.key_state, route.func, call.args, output)  # type: ignore[arg-type]
-        if env_before is not None and shape_env_state(mode.shape_env, symbols_only=call.shape_env is not None) != env_before:
+        env = mode.shape_env
+        if env_before is not None and env is not None and shape_env_state(env, symbols_only=call.shape_env is not None) != env_before:
             return _reasons.SHAPE_ENV_CHANGED
         fields = STORAGE_FIELDS if route.kind is STOCK else ALL_FIELDS
         verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output, fields)  # type: ignore[arg-type]

@@ -44,7 +44,6 @@ from torch._subclasses import fake_tensor as _ft
 
 from torch_cachepolicy import _keyset, _reasons
 from torch_cachepolicy._compat import ADVICE, Feature, UnlistedKernelSourceWarning, code_names, config_reader, off
-from torch_cachepolicy._names import context_value
 from torch_cachepolicy._symbols import knowledge
 
 if TYPE_CHECKING:
@@ -413,9 +412,9 @@ _decomposition_table = torch._decomp.decomposition_table
 _meta_table = torch._decomp.meta_table
 _op_implementations = _fake_impls.op_implementations_checks
 _op_implementation_of = _fake_impls.op_implementations_dict
-# Read on every hit of a backend op with py_impl kernels: bound once.
-_tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
-_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
+# Read on every hit of a backend op with py_impl kernels (and by _rules per dispatch): bound once.
+tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
+PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 
 
 
@@ -508,7 +507,7 @@ class KernelDeps:
             tuple(py_kernels.items()) if py_kernels else None,
             # Without py_impl kernels the Python dispatcher runs what the dispatcher would (inner ops keep their
             # own entries: Note [Entries cover inner ops]); ExportPass toggles it, so the flag would split entries.
-            _tls_key_included(_PYTHON_DISPATCHER) if py_kernels else None,
+            tls_key_included(PYTHON_DISPATCHER) if py_kernels else None,
             _meta_table.get(func),  # type: ignore[call-overload]
             _decomposition_table.get(func),  # type: ignore[call-overload]
             impls,
@@ -530,6 +529,17 @@ class KernelDeps:
         runs the Meta key's fallback on static inputs: a kernel of the key, not the op, that nothing watches.
         """
         return self.holder.kernel is None and self.fingerprint() == _keyset.NO_KERNEL
+
+
+def context_value(policy: CachePolicy, func: object) -> Hashable:
+    """``policy.context_key()``, with an exception re-raised naming the hook and the op."""
+    try:
+        return policy.context_key()
+    except Exception as e:
+        raise RuntimeError(
+            f"torch_cachepolicy.CachePolicy.context_key(): raised {e!r} while dispatching {func}; "
+            "it must return a value in every context the policy's modes dispatch a backend operator in"
+        ) from e
 
 
 def profiled(table_key: TableKey) -> bool:

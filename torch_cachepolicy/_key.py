@@ -29,9 +29,6 @@ from torch_cachepolicy import _native
 from torch_cachepolicy._compat import SYMBOLIC_KEYS, SYMBOLIC_MEMORY_FORMAT_GUARDS
 from torch_cachepolicy.report import KeyStats
 
-# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
-_Mode = _ft.FakeTensorMode
-
 # Exact types of the values the builder encodes as torch does, (type(value),
 # value): none is a tensor, symbolic, a container or a callable, so torch's
 # _prep_args_for_hash sends them all to its final branch.
@@ -100,7 +97,7 @@ def _make_builder() -> Any:
 _builder = _make_builder()
 
 
-def key_prefix(mode: _Mode, func: object) -> tuple[object, ...]:
+def key_prefix(mode: _ft.FakeTensorMode, func: object) -> tuple[object, ...]:
     """The values ``_cache_key`` puts before the arguments (for a fresh state)."""
     return (
         func,
@@ -113,7 +110,7 @@ def key_prefix(mode: _Mode, func: object) -> tuple[object, ...]:
 
 
 def cache_key(
-    mode: _Mode,
+    mode: _ft.FakeTensorMode,
     state: _CacheKeyState,
     func: Any,
     args: Sequence[object],
@@ -145,7 +142,7 @@ def cache_key(
 
 def _check_against_torch(
     key: _DispatchCacheKey,
-    mode: _Mode,
+    mode: _ft.FakeTensorMode,
     state: _CacheKeyState,
     func: Any,
     args: Sequence[object],

@@ -222,32 +222,33 @@ def _as_list(api: str, value: object, what: str, fix: str | None) -> list[Any]:
     return list(value)
 
 
+def _list_fix(param: str, value: object) -> str | None:
+    """The fix for ``None`` or a bare string where a list belongs."""
+    if value is None:
+        return f"pass {param}=[] or leave it out"
+    if isinstance(value, str):
+        return f"wrap it: {param}=[{value!r}]"
+    return None
+
+
 def namespace_list(param: str, value: object) -> list[Any]:
     """``CachePolicy(namespaces=...)`` / ``context_namespaces=``: a list of names or Libraries."""
-    fix: str | None = None
-    if value is None:
-        fix = f"pass {param}=[] or leave it out"
-    elif isinstance(value, str):
-        fix = f"wrap it: {param}=[{value!r}]"
-    elif (ns := _namespace_of(value)) is not None:
+    fix = _list_fix(param, value)
+    if fix is None and (ns := _namespace_of(value)) is not None:
         fix = f"wrap it: {param}=[{ns!r}]"
-    elif isinstance(value, _ANY_OPS):
+    elif fix is None and isinstance(value, _ANY_OPS):
         fix = _namespace_op_fix(param, value)
     return _as_list(f"torch_cachepolicy.CachePolicy({param}=...)", value, "a list of namespaces", fix)
 
 
 def op_list(param: str, value: object, namespace_fix: str) -> list[Any]:
     """``CachePolicy(allow=...)`` / ``deny=``: a list of op-likes."""
-    fix: str | None = None
-    if value is None:
-        fix = f"pass {param}=[] or leave it out"
-    elif isinstance(value, str):
-        fix = f"wrap it: {param}=[{value!r}]"
-    elif isinstance(value, _SINGLE_OPS):
+    fix = _list_fix(param, value)
+    if fix is None and isinstance(value, _SINGLE_OPS):
         fix = f"wrap it: {param}=[{_source_name(value)}]"
-    elif isinstance(value, torch._ops.HigherOrderOperator):
+    elif fix is None and isinstance(value, torch._ops.HigherOrderOperator):
         fix = _HOP_HINT
-    elif (ns := _namespace_of(value)) is not None:
+    elif fix is None and (ns := _namespace_of(value)) is not None:
         fix = namespace_fix.format(ns=repr(ns))
     return _as_list(f"torch_cachepolicy.CachePolicy({param}=...)", value, "a list of operators", fix)
 
@@ -322,17 +323,6 @@ def _unhashable_what(value: object) -> str:
     if type(value).__hash__ is None or error is None:
         return f"{article} {name}"
     return f"{article} {name} (hash() raised {type(error).__name__}: {error})"
-
-
-def context_value(policy: Any, func: object) -> Any:
-    """``policy.context_key()``, with an exception re-raised naming the hook and the op."""
-    try:
-        return policy.context_key()
-    except Exception as e:
-        raise RuntimeError(
-            f"torch_cachepolicy.CachePolicy.context_key(): raised {e!r} while dispatching {func}; "
-            "it must return a value in every context the policy's modes dispatch a backend operator in"
-        ) from e
 
 
 def unhashable_context(func: object, context: object, error: Exception) -> TypeError:

@@ -10,12 +10,11 @@ from torch._higher_order_ops.utils import registered_hop_fake_fns
 from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 
+from torch_cachepolicy._kernels import PYTHON_DISPATCHER, tls_key_included
 from torch_cachepolicy._state import CacheState
 
 _StockMode = _ft.FakeTensorMode
 _fake_registry = torch._library.simple_registry.singleton
-_tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
-_PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 # Stands for an operator's python_key_table when it has none.
 _NO_RULES: Mapping[object, Any] = {}
 
@@ -43,7 +42,7 @@ def dispatch(
             "(torch_cachepolicy.FakeTensorMode applies the rules registered for torch's FakeTensorMode; "
             f"register one with {func.name()}.py_impl(FakeTensorMode))"
         )
-    if handler is not None and not _redirects_to_mode(func, handler) and (not is_op or _tls_key_included(_PYTHON_DISPATCHER)):
+    if handler is not None and not _redirects_to_mode(func, handler) and (not is_op or tls_key_included(PYTHON_DISPATCHER)):
         if state.frames.open and is_op:
             state.rule_ran(func)
         return handler(mode, *args, **(kwargs or {}))

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch._subclasses import fake_tensor as _ft
@@ -30,8 +30,8 @@ from torch_cachepolicy._fakes import output_from_entry
 from torch_cachepolicy._key import SELF_CHECK, SELF_CHECK_ENV
 from torch_cachepolicy._verify import describe, first_difference
 
-# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
-_Mode = _ft.FakeTensorMode
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 # csrc/synth.cpp; fetched once because every plain hit calls them. None (torch's synthesis for every hit) without
 # the extension, which a changed internal it rests on also switches off.
@@ -55,7 +55,7 @@ def _arg(args: Sequence[object], index: int) -> FakeTensor | None:
     return arg if isinstance(arg, FakeTensor) else None
 
 
-def _this_call(values: Sequence[Any], key: _DispatchCacheKey, shape_env: Any) -> list[Any]:
+def _this_call(values: Sequence[Any], key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> list[Any]:
     # As torch's _get_output_tensor_from_cache_entry: this call's SymInts from this call's key.
     return [v if type(v) is int else v.extract(key, shape_env) for v in values]
 
@@ -70,7 +70,7 @@ class _Fresh:
     device: torch.device
     requires_grad: bool
 
-    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         meta = _meta_empty_strided(self.shape, self.stride, self.dtype, self.requires_grad)  # type: ignore[misc]
         return new_fake(mode, meta, self.device)
 
@@ -86,7 +86,7 @@ class _ViewOf:
     dtype: torch.dtype
     device: torch.device
 
-    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         base = _arg(args, self.index)
         if base is None:
             return TORCH_PATH
@@ -100,7 +100,7 @@ class _InPlace:
 
     index: int
 
-    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         arg = _arg(args, self.index)
         return TORCH_PATH if arg is None else arg
 
@@ -111,7 +111,7 @@ class _Constant:
 
     value: object
 
-    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         return self.value
 
 
@@ -130,7 +130,7 @@ class _SymbolicFresh:
     template: torch.Tensor | None = None
     template_env: Any = None
 
-    def make(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def make(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         sizes = _this_call(self.shape, key, shape_env)
         strides = _this_call(self.stride, key, shape_env)
         (offset,) = _this_call((self.storage_offset,), key, shape_env)
@@ -170,7 +170,7 @@ class Plan:
         # Symbolic steps still waiting for torch's first synthesis to give their template.
         self.pending = tuple(s for s in steps if isinstance(s, _SymbolicFresh))
 
-    def build(self, mode: _Mode, args: Sequence[object], new_fake: _NewFake, key: Any, shape_env: Any) -> object:
+    def build(self, mode: _ft.FakeTensorMode, args: Sequence[object], new_fake: _NewFake, key: _DispatchCacheKey, shape_env: ShapeEnv | None) -> object:
         """The output for this call, or :data:`TORCH_PATH`."""
         if self.single is not None:
             return self.single.make(mode, args, new_fake, key, shape_env)
@@ -273,7 +273,7 @@ class FakeTensors:
         # device -> the __dict__ of torch's first FakeTensor of it (None: torch's constructor).
         self.bases: dict[torch.device, dict[str, Any] | None] = {}
 
-    def make(self, mode: _Mode, meta: torch.Tensor, device: torch.device) -> Any:
+    def make(self, mode: _ft.FakeTensorMode, meta: torch.Tensor, device: torch.device) -> Any:
         """``FakeTensor(mode, meta, device)``."""
         base = self.bases.get(device, _UNSEEN)
         if base is None or _fake_config.debug or not FAKE_TENSOR_CONSTRUCTOR_KNOWN:
@@ -289,7 +289,7 @@ class FakeTensors:
         _fake_init(t)
         return t
 
-    def _first(self, mode: _Mode, meta: torch.Tensor, device: torch.device) -> Any:
+    def _first(self, mode: _ft.FakeTensorMode, meta: torch.Tensor, device: torch.device) -> Any:
         t = FakeTensor(mode, meta, device)
         state = dict(vars(t))
         plain = (
@@ -310,7 +310,7 @@ _torch_synthesis: Any = _ft.FakeTensorMode._output_from_cache_entry
 
 
 def _torch_output(
-    mode: _Mode,
+    mode: _ft.FakeTensorMode,
     state: _CacheKeyState,
     entry: _DispatchCacheValidEntry,
     key: _DispatchCacheKey,
@@ -370,7 +370,7 @@ class Synthesizer:
 
     def output(
         self,
-        mode: _Mode,
+        mode: _ft.FakeTensorMode,
         state: _CacheKeyState,
         entry: _DispatchCacheValidEntry,
         key: _DispatchCacheKey,

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -26,8 +26,8 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from torch_cachepolicy import _reasons
 from torch_cachepolicy._fakes import guard_free_int, is_fake_tensor, output_from_entry, storage_id
 
-# Every mode these functions are handed is a policy mode; typed as torch's class, whose API they use.
-_Mode = _ft.FakeTensorMode
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -270,7 +270,7 @@ class InputSnapshot:
         return None
 
 
-def shape_env_state(shape_env: Any, *, symbols_only: bool = False) -> tuple[object, ...]:
+def shape_env_state(shape_env: ShapeEnv, *, symbols_only: bool = False) -> tuple[object, ...]:
     """What a kernel can add to a ShapeEnv: symbols, and guards, replacements and assertions.
 
     Compared around a backend kernel: a hit cannot replay one that created a symbol (even a dropped one). With
@@ -329,7 +329,7 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
 
 
 def verify_entry(
-    mode: _Mode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
+    mode: _ft.FakeTensorMode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
     kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
 ) -> None:
     """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
@@ -358,7 +358,7 @@ class CrosscheckError(RuntimeError):
 
 
 def crosscheck(
-    mode: _Mode, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object],
+    mode: _ft.FakeTensorMode, output: object, func: Any, types: Sequence[type], args: Sequence[object], kwargs: Mapping[str, object],
     *, shape_env: bool = False,
 ) -> None:
     """Re-runs a hit's call uncached on ``mode`` and compares it with ``output``.
@@ -380,26 +380,16 @@ def crosscheck(
         try:
             expected = mode._dispatch_impl(func, types, args, kwargs)
         except Exception as e:
-            raise CrosscheckError(
-                f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): {func} raised when dispatched uncached "
-                f"after a cache hit: {e!r}; if its kernel reads state the cache key cannot see, declare that state "
-                "with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and report this "
-                "with your torch version"
-            ) from e
+            raise _crosscheck_error(f"{func} raised when dispatched uncached after a cache hit: {e!r}", _UNSEEN) from e
     if env is not None and shape_env_state(env) != env_before:
-        raise CrosscheckError(
-            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): an uncached dispatch of {func} taught the "
-            "ShapeEnv a guard or fact; the cache hit did not. If its kernel reads a config the cache key cannot see, "
-            "declare it with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and "
-            "report this with your torch version"
+        raise _crosscheck_error(
+            f"an uncached dispatch of {func} taught the ShapeEnv a guard or fact; the cache hit did not",
+            "if its kernel reads a config the cache key cannot see, declare it with CachePolicy(context_key=...); "
+            "otherwise " + _DENY,
         )
     changed = snapshot.changed()
     if changed is not None:
-        raise CrosscheckError(
-            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): an uncached dispatch of {func} changed "
-            f"an input's {changed}; the cache hit did not. Deny the op with CachePolicy.deny(...) and report this "
-            "with your torch version"
-        )
+        raise _crosscheck_error(f"an uncached dispatch of {func} changed an input's {changed}; the cache hit did not", _DENY)
     diff = first_difference(hit, describe(expected, args, kwargs))
     if diff is None:
         try:
@@ -407,12 +397,18 @@ def crosscheck(
         except AssertionError as e:
             diff = str(e)
     if diff is not None:
-        raise CrosscheckError(
-            f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): the cached output of {func} differs "
-            f"from an uncached dispatch in {diff}; if its kernel reads state the cache key cannot see, declare that "
-            "state with CachePolicy(context_key=...); otherwise deny the op with CachePolicy.deny(...) and report "
-            "this with your torch version"
-        )
+        raise _crosscheck_error(f"the cached output of {func} differs from an uncached dispatch in {diff}", _UNSEEN)
+
+
+_DENY = "deny the op with CachePolicy.deny(...) and report this with your torch version"
+_UNSEEN = (
+    "if its kernel reads state the cache key cannot see, declare that state with CachePolicy(context_key=...); "
+    "otherwise " + _DENY
+)
+
+
+def _crosscheck_error(what: str, fix: str) -> CrosscheckError:
+    return CrosscheckError(f"torch_cachepolicy.FakeTensorMode(cache_crosscheck=True): {what}; {fix}")
 
 
 def _assert_same_tensors(expected: object, actual: object) -> None:

@@ -77,27 +77,7 @@ def export(
     """
     check_feature(_API, Feature.EXPORT)
     check_cache_arguments("torch_cachepolicy.export", cache_policy, cache_store, cache_crosscheck)
-    unknown = sorted(set(export_kwargs) - _EXPORT_KEYWORDS)
-    if unknown:
-        raise TypeError(
-            f"{_API}: unexpected keyword argument {unknown[0]!r}; besides cache_policy, cache_store and "
-            f"cache_crosscheck it takes the keyword arguments of torch.export.export: "
-            f"{', '.join(sorted(_EXPORT_KEYWORDS))}"
-        )
-    if export_kwargs.get("strict", False):
-        raise ValueError(
-            f"{_API}: strict=True traces with Dynamo, which creates its own FakeTensorMode for the "
-            "inputs it fakifies, so the program would mix that mode with the policy mode. Pass "
-            "strict=False (torch.export.export's default), or export with torch.export.export(..., "
-            "strict=True) and move the program with torch_cachepolicy.adopt(program, cache_policy=...)"
-        )
-    if TracingContext.try_get() is not None:
-        raise RuntimeError(
-            f"{_API}: a torch._guards.TracingContext is already active (torch.compile, or an export, "
-            "is tracing), and torch.export.export traces under that context's FakeTensorMode, not a "
-            "new one. Call torch_cachepolicy.export outside of it, or call torch.export.export there "
-            "and move the program with torch_cachepolicy.adopt(program, cache_policy=...)"
-        )
+    _check_export_arguments(export_kwargs)
     mode = _export_mode(
         mod,
         cache_policy=cache_policy,
@@ -119,6 +99,31 @@ def export(
     if not fake_inputs:
         _check_lifted_constants(program)
     return program
+
+
+def _check_export_arguments(export_kwargs: Mapping[str, Any]) -> None:
+    """Raises for what :func:`export` cannot pass on to ``torch.export.export``, or cannot trace under a new mode."""
+    unknown = sorted(set(export_kwargs) - _EXPORT_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"{_API}: unexpected keyword argument {unknown[0]!r}; besides cache_policy, cache_store and "
+            f"cache_crosscheck it takes the keyword arguments of torch.export.export: "
+            f"{', '.join(sorted(_EXPORT_KEYWORDS))}"
+        )
+    if export_kwargs.get("strict", False):
+        raise ValueError(
+            f"{_API}: strict=True traces with Dynamo, which creates its own FakeTensorMode for the "
+            "inputs it fakifies, so the program would mix that mode with the policy mode. Pass "
+            "strict=False (torch.export.export's default), or export with torch.export.export(..., "
+            "strict=True) and move the program with torch_cachepolicy.adopt(program, cache_policy=...)"
+        )
+    if TracingContext.try_get() is not None:
+        raise RuntimeError(
+            f"{_API}: a torch._guards.TracingContext is already active (torch.compile, or an export, "
+            "is tracing), and torch.export.export traces under that context's FakeTensorMode, not a "
+            "new one. Call torch_cachepolicy.export outside of it, or call torch.export.export there "
+            "and move the program with torch_cachepolicy.adopt(program, cache_policy=...)"
+        )
 
 
 def _export_mode(
