@@ -95,6 +95,10 @@ def cached_dispatch(
 
     entry = table.get(key)
     if entry is None:
+        if kind is POLICY:
+            return _first_sight(mode, route, key, table, shape_env, types, args, kwargs)
+        return _miss(mode, state, route, _Call(key_state, key, table, shape_env, types, args, kwargs))
+    if entry is _SEEN:
         return _miss(mode, state, route, _Call(key_state, key, table, shape_env, types, args, kwargs))
     if type(entry) is _DispatchCacheBypassEntry:
         log.debug("bypass %s: %s (negative entry)", func, entry.reason)
@@ -105,6 +109,38 @@ def cached_dispatch(
     stats.hits += 1
     if mode.cache_crosscheck_enabled:
         crosscheck(mode, output, func, types, args, kwargs, shape_env=kind is not STOCK)
+    return output
+
+
+# Note [An entry on a key's second sight]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A backend op's entry costs its miss a verification (the inputs snapshotted, the output a hit would build compared
+# with the kernel's, the ShapeEnv compared) that pays off only if the key comes back. A pass over a graph whose keys
+# are new (an export's trace, a lowering that retraces once, a compile) would pay it for nothing and cost more than no
+# cache at all. So a backend key's first dispatch only runs the kernel and marks the key seen (_SEEN: nothing is
+# stored that a hit could serve); its second makes the entry, as a first dispatch did before. A key that comes back
+# costs one hit more; one that never does costs a set insertion. Builtin ops keep stock's first-sight entries (their
+# misses verify little: Note [What a hit of an aten entry can get wrong]), and torch's storage holds only torch's.
+_SEEN = _DispatchCacheBypassEntry("seen once")
+
+
+def _first_sight(
+    mode: FakeTensorMode,
+    route: Route,
+    key: _DispatchCacheKey,
+    table: Table | dict[_DispatchCacheKey, Any],
+    shape_env: ShapeEnv | None,
+    types: Sequence[type],
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> object:
+    """A backend key's first dispatch: the kernel, uncached, and the key marked seen (Note [An entry on a key's
+    second sight])."""
+    output = mode._dispatch_impl(route.func, types, args, kwargs)  # type: ignore[arg-type]
+    if shape_env is not None:
+        key.strip_shape_env()  # entries must not keep a ShapeEnv alive (torch does the same)
+    table[key] = _SEEN
+    route.stats.misses += 1
     return output
 
 
