@@ -121,6 +121,12 @@ def cached_dispatch(
 # stored that a hit could serve); its second makes the entry, as a first dispatch did before. A key that comes back
 # costs one hit more; one that never does costs a set insertion. Builtin ops keep stock's first-sight entries (their
 # misses verify little: Note [What a hit of an aten entry can get wrong]), and torch's storage holds only torch's.
+#
+# What the first run does to its inputs is compared, though: the second run often gets the very same inputs, on
+# which a kernel that memoizes on them (x.nonzero() keeps an unbacked size on x; an attribute set once) changes
+# nothing, so its verification would pass an entry whose hits skip what the kernel does to fresh inputs. A change is
+# the key's negative entry at once. (What a kernel adds to the ShapeEnv it adds on every run, unless it memoizes it
+# on an input, which that comparison sees.)
 _SEEN = _DispatchCacheBypassEntry("seen once")
 
 
@@ -134,13 +140,21 @@ def _first_sight(
     args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> object:
-    """A backend key's first dispatch: the kernel, uncached, and the key marked seen (Note [An entry on a key's
-    second sight])."""
+    """A backend key's first dispatch: the kernel, uncached, and the key marked seen, or its negative entry if the
+    kernel changed an input (Note [An entry on a key's second sight])."""
+    snapshot = InputSnapshot(args, kwargs)
     output = mode._dispatch_impl(route.func, types, args, kwargs)  # type: ignore[arg-type]
     if shape_env is not None:
         key.strip_shape_env()  # entries must not keep a ShapeEnv alive (torch does the same)
-    table[key] = _SEEN
-    route.stats.misses += 1
+    changed = snapshot.changed()
+    if changed is None:
+        table[key] = _SEEN
+        route.stats.misses += 1
+    else:
+        reason = _reasons.input_changed(changed)
+        log.debug("negative entry for %s: %s (first sight)", route.func, reason)
+        table[key] = _DispatchCacheBypassEntry(reason)
+        route.stats.bypass(reason)
     return output
 
 
