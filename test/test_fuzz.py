@@ -4,7 +4,8 @@
 For every seed, a ``random.Random(seed)`` builds random policies, gives them
 to two modes (sometimes sharing one policy, sometimes one store), and then
 interleaves ``register_namespace`` / ``register_op`` / ``deny`` / policy
-replacement with dispatches of tcp_test, quantized_decomposed and aten ops.
+replacement with dispatches of tcp_test, quantized_decomposed and aten ops
+(each drawn call twice in a row).
 After every step:
 
 * ``policy.decide(op).cacheable`` (and the label) equals a small reference
@@ -14,9 +15,10 @@ After every step:
 * every dispatch returns what an uncached dispatch of the same call in the
   same mode returns (metadata, values, aliasing), with crosscheck on;
 * the dispatch is counted as the model predicts: a bypass with the decision's
-  label, a backend safety bypass, or a hit exactly when an equal key was
-  computed before under an equal policy, in the same store, under the same
-  context value (for backend ops of the policy's ``context_namespaces``).
+  label, a backend safety bypass (after the key's first sight, a miss), or a
+  hit exactly when an equal key was computed before (twice before, for a
+  backend op) under an equal policy, in the same store, under the same context
+  value (for backend ops of the policy's ``context_namespaces``).
 
 ``TestZooFuzz`` draws a dozen kernel-zoo behaviours per seed (``zoo_ops.CASES``, documented limits excluded) and
 interleaves their calls with events (context and default dtype changes, re-registered kernels, new subgraphs, denied
@@ -250,7 +252,7 @@ def metadata_key(value: object) -> object:
 class ModeUnderTest:
     mode: tcp.FakeTensorMode
     model: Model
-    seen: set[Hashable]  # keys computed so far in this mode's store (shared by modes sharing it)
+    seen: collections.Counter[Hashable]  # how often each key was computed in this mode's store (shared by modes sharing it)
     exact: bool  # isolated store: aten hits are predictable too
     pool: Pool
 
@@ -265,7 +267,9 @@ class Fuzzer:
         shared_store = self.r.random() < 0.5
         isolated = self.r.random() < 0.75
         stores = [tcp.CacheStore(isolated=isolated)] * 2 if shared_store else [tcp.CacheStore(isolated=isolated) for _ in range(2)]
-        seen_sets: list[set[Hashable]] = [set()] * 2 if shared_store else [set(), set()]
+        seen_sets: list[collections.Counter[Hashable]] = (
+            [collections.Counter()] * 2 if shared_store else [collections.Counter(), collections.Counter()]
+        )
         self.modes = []
         for store, seen in zip(stores, seen_sets, strict=True):
             model = self.new_model()
@@ -326,6 +330,12 @@ class Fuzzer:
         name = self.r.choice(list(UNIVERSE))
         op, build = UNIVERSE[name]
         args = build(m.pool, self.r)
+        # Twice in a row: a backend key's first sight makes neither an entry nor a verdict, its second does both
+        # (Note [An entry on a key's second sight]), and the safety bypasses must show as often as a key is new.
+        for _ in range(2):
+            self.dispatch_call(m, name, op, args)
+
+    def dispatch_call(self, m: ModeUnderTest, name: str, op: OpOverload, args: tuple[Any, ...]) -> None:
         self.log.append(f"dispatch {name}{tuple(metadata_key(a) if not isinstance(a, torch.Tensor) else tuple(a.shape) for a in args)}")
         cacheable, label, explicit = m.model.decide(op)
         before_row = self.row(m.mode, op)
@@ -375,17 +385,20 @@ class Fuzzer:
         """'hit', 'miss', 'bypass: reason', or None when it depends on torch's shared storage."""
         if not cacheable:
             return f"bypass: {label}"
+        builtin = op.namespace in BUILTIN
+        if builtin and not m.exact:
+            return None  # torch's class-global storage may already hold it
+        key = (m.model.identity(), m.model.context_value(op), op, metadata_key(args))
+        sights = m.seen[key]
+        m.seen[key] += 1
+        if not builtin and sights == 0:
+            return "miss"  # a backend key's first sight: the kernel runs, nothing is judged or made
         if op in SAFETY:
             return f"bypass: {SAFETY[op]}"
         if op is MUTATES[0] and not explicit:
             return f"bypass: {MUTATES[1]}"
-        if op.namespace in BUILTIN and not m.exact:
-            return None  # torch's class-global storage may already hold it
-        key = (m.model.identity(), m.model.context_value(op), op, metadata_key(args))
-        if key in m.seen:
-            return "hit"
-        m.seen.add(key)
-        return "miss"
+        # A builtin key's entry is made on its first sight, a backend key's on its second.
+        return "hit" if sights > (0 if builtin else 1) else "miss"
 
     def check_output(
         self, name: str, op: OpOverload, args: tuple[Any, ...], out: object, ref: object, seen_symbols: set[object]
@@ -575,7 +588,7 @@ class ZooFuzzer:
 
     Each call runs in a cached world under the mode and in a reference world under
     ``disable_fake_tensor_cache(mode)``, on identically built inputs (or on the inputs the previous call of that
-    case used, in both worlds), and the two ``describe_call`` results must be equal.
+    case used, in both worlds), and the two ``describe_call`` results must be equal. Each drawn call is made twice.
     """
 
     def __init__(self, seed: int) -> None:
@@ -670,6 +683,12 @@ class ZooFuzzer:
         c = self.r.choice(self.cases)
         i = self.r.randrange(len(c.steps))
         reuse = c.name in m.last and self.r.random() < 0.3
+        # Twice in a row: a backend key's first sight makes neither an entry nor a verdict, its second does both
+        # (Note [An entry on a key's second sight]).
+        for _ in range(2):
+            self.call_once(m, c, i, reuse)
+
+    def call_once(self, m: ZooWorlds, c: zoo.ZooCase, i: int, reuse: bool) -> None:
         self.log.append(f"mode {self.modes.index(m)}: {c.name} " + ("same inputs again" if reuse else f"build {i}"))
         shape_env = m.mode.shape_env
         scope = contextlib.nullcontext() if self.scope is None or shape_env is None else getattr(shape_env, self.scope)()

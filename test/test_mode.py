@@ -64,15 +64,15 @@ def valid_entries_for_namespace(table: dict[Any, Any], ns: str) -> list[Any]:
 
 
 class TestBackendCaching(testing.CachePolicyTestCase):
-    def test_backend_op_runs_its_fake_kernel_once(self) -> None:
-        """A registered-namespace op runs its fake kernel once, then hits."""
+    def test_backend_op_runs_its_fake_kernel_twice_then_hits(self) -> None:
+        """A registered-namespace op runs its fake kernel on its first sight and on the miss making the entry, then hits."""
         # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=False)
         with mode:
             x = torch.empty(2, 3, 8, 8)
             outs = [conv(x, 2) for _ in range(4)]
-        self.assertEqual(testing.calls["conv"], 1)
-        self.assertEqual(mode.cache_report()[conv].hits, 3)
+        self.assertEqual(testing.calls["conv"], 2)
+        self.assertEqual((mode.cache_report()[conv].hits, mode.cache_report()[conv].misses), (2, 2))
         for out in outs:
             self.assertIsInstance(out, FakeTensor)
             self.assertEqual(out.shape, (2, 6, 4, 4))
@@ -96,20 +96,20 @@ class TestBackendCaching(testing.CachePolicyTestCase):
                 z = dq_per_tensor(y, 0.1, 0, -128, 127, torch.int8)
         self.assertEqual((y.dtype, z.dtype), (torch.int8, torch.float32))
         report = mode.cache_report()
-        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 1))
-        self.assertEqual((report[dq_per_tensor].hits, report[dq_per_tensor].misses), (2, 1))
+        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (1, 2))
+        self.assertEqual((report[dq_per_tensor].hits, report[dq_per_tensor].misses), (1, 2))
 
     def test_crosscheck_runs_on_every_hit(self) -> None:
         """With crosscheck on, each hit re-runs the kernel and compares."""
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 5, 5)
-            for _ in range(3):
+            for _ in range(4):
                 conv(x, 1)
                 pair(x)
         report = mode.cache_report()
-        self.assertEqual([(report[op].hits, report[op].misses) for op in (conv, pair)], [(2, 1)] * 2)
-        self.assertEqual((testing.calls["conv"], testing.calls["pair"]), (3, 3))  # 1 miss + 2 crosschecks
+        self.assertEqual([(report[op].hits, report[op].misses) for op in (conv, pair)], [(2, 2)] * 2)
+        self.assertEqual((testing.calls["conv"], testing.calls["pair"]), (4, 4))  # first sight, miss, 2 crosschecks
 
     def test_crosscheck_follows_dynamo_config(self) -> None:
         """cache_crosscheck=None follows torch._dynamo.config."""
@@ -124,9 +124,10 @@ class TestBackendCaching(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_crosscheck=True)
         with mode:
             x = torch.empty(1, 2, 6, 6)
-            conv(x, 1)
             y = torch.empty(1, 2, 6, 6)
-            conv(y, 2)
+            for _ in range(2):  # the first sight, then the miss that makes the entry
+                conv(x, 1)
+                conv(y, 2)
             tables = list(mode._cache.partition.all_tables())
             entries = {k.key[-1]: (t, k) for t in tables for k in t if k.key[0] is conv}
             # Swap the two entries' values: each key now answers with the other's shape.
@@ -143,14 +144,16 @@ class TestBackendCaching(testing.CachePolicyTestCase):
         x = mode.from_tensor(torch.empty(3, 2, 8, 8), symbolic_context=ctx)
         with mode:
             a = conv(x, 2)
+            conv(x, 2)  # the miss that makes the entry
             b = conv(x, 2)
             n = size0(x)
+            size0(x)
             m = size0(x)
-        self.assertEqual(testing.calls["conv"], 2)  # one miss + one crosscheck
+        self.assertEqual(testing.calls["conv"], 3)  # the first sight, the miss, one crosscheck
         self.assertEqual(str(a.shape[0]), str(x.shape[0]))
         self.assertEqual(a.shape, b.shape)
         self.assertIs(n.node, m.node)
-        self.assertEqual(mode.cache_report()[conv].hits, 1)
+        self.assertEqual((mode.cache_report()[conv].hits, mode.cache_report()[size0].hits), (1, 1))
         self.assertEqual(keys_for_namespace(shape_env.fake_tensor_cache, testing.NS), [])
         self.assertEqual(valid_entries_for_namespace(StockMode.cache, testing.NS), [])
         self.assertTrue(any(keys_for_namespace(t, testing.NS) for t in mode._cache.partition.all_tables()))
@@ -204,19 +207,19 @@ class TestSafety(testing.CachePolicyTestCase):
         ):
             yield
 
-    def _unbacked_symbols(self) -> tuple[Any, Any]:
+    def _unbacked_symbols(self) -> list[Any]:
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), shape_env=ShapeEnv())
         with mode:
             x = torch.empty(4, 4)
-            return dyn(x), dyn(x)
+            return [dyn(x) for _ in range(3)]  # the first sight, the miss, the call a stored entry would serve
 
     def test_unbacked_scalar_output_is_never_replayed(self) -> None:
         """Each call of an op returning new_dynamic_size() gets a fresh symbol."""
-        a, b = self._unbacked_symbols()
-        self.assertIsNot(a.node.expr, b.node.expr)
+        a, b, c = self._unbacked_symbols()
+        self.assertEqual(len({a.node.expr, b.node.expr, c.node.expr}), 3)
         with self.naive():
-            a, b = self._unbacked_symbols()
-        self.assertIs(a.node.expr, b.node.expr)
+            a, b, c = self._unbacked_symbols()
+        self.assertIs(b.node.expr, c.node.expr)
 
     def test_scalar_output_derived_from_inputs_is_cached(self) -> None:
         """A SymInt output made of input symbols is safe to cache."""
@@ -226,34 +229,34 @@ class TestSafety(testing.CachePolicyTestCase):
             symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]),
         )
         with mode:
-            size0(x)
-            size0(x)
-        self.assertEqual(mode.cache_report()[size0].hits, 1)
+            for _ in range(3):
+                size0(x)
+        self.assertEqual((mode.cache_report()[size0].hits, mode.cache_report()[size0].misses), (1, 2))
 
     def _undeclared_alias(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(3, 3)
-            return x, [testing.op("bad_view")(x) for _ in range(2)]
+            return x, [testing.op("bad_view")(x) for _ in range(3)]
 
     def test_undeclared_aliasing_is_never_cached(self) -> None:
         """An output sharing an input's storage without a schema annotation bypasses."""
         x, outs = self._undeclared_alias()
-        self.assertEqual([storage(o) for o in outs], [storage(x)] * 2)
+        self.assertEqual([storage(o) for o in outs], [storage(x)] * 3)
         with self.naive():
             x, outs = self._undeclared_alias()
-        self.assertNotEqual(storage(outs[1]), storage(x))
+        self.assertNotEqual(storage(outs[2]), storage(x))
 
     def _twins(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         with tcp.FakeTensorMode(cache_policy=testing.backend_policy()):
             x = torch.empty(2, 2)
-            return [testing.op("twins")(x) for _ in range(2)]
+            return [testing.op("twins")(x) for _ in range(3)]
 
     def test_outputs_aliasing_each_other_are_never_cached(self) -> None:
         """Two outputs sharing a storage bypass, so a hit cannot split them."""
-        self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, True])
+        self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, True, True])
         with self.naive():
-            self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, False])
+            self.assertEqual([storage(a) == storage(b) for a, b in self._twins()], [True, True, False])
 
     @parametrize("store", ["shared", "isolated"])
     def test_builtin_alias_that_is_not_a_view(self, store: str) -> None:
@@ -280,7 +283,7 @@ class TestSafety(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(3, 3)
-            outs = [testing.op("good_view")(x) for _ in range(3)]
+            outs = [testing.op("good_view")(x) for _ in range(4)]
         self.assertEqual(mode.cache_report()[testing.op("good_view")].hits, 2)
         self.assertEqual({storage(o) for o in outs}, {storage(x)})
 
@@ -288,24 +291,25 @@ class TestSafety(testing.CachePolicyTestCase):
         # Crosscheck off: kernel runs are counted, and a crosscheck runs the kernel again.
         with tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=False):
             x = torch.empty(3)
-            for _ in range(3):
+            for _ in range(4):
                 testing.op("mut")(x)
         return testing.calls["mut"]
 
     def test_mutating_op_needs_an_explicit_opt_in(self) -> None:
-        """A Tensor(a!) op runs its kernel every time unless allowed by name."""
-        self.assertEqual(self._mutations(testing.backend_policy()), 3)
+        """A Tensor(a!) op runs its kernel every time unless allowed by name (then twice: its first sight, its miss)."""
+        self.assertEqual(self._mutations(testing.backend_policy()), 4)
         testing.calls.clear()
-        self.assertEqual(self._mutations(testing.backend_policy(allow=[testing.op("mut")])), 1)
+        self.assertEqual(self._mutations(testing.backend_policy(allow=[testing.op("mut")])), 2)
         testing.calls.clear()
         with self.naive():
-            self.assertEqual(self._mutations(testing.backend_policy()), 1)
+            self.assertEqual(self._mutations(testing.backend_policy()), 2)
 
     def _multi_view(self) -> tcp.FakeTensorMode:
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x, y = torch.empty(2, 2), torch.empty(2, 2)
-            testing.op("multi_view")(x, y)
+            for _ in range(2):  # the first sight, then the miss that reaches the schema check
+                testing.op("multi_view")(x, y)
         return mode
 
     def test_view_with_several_tensor_args_bypasses(self) -> None:
@@ -331,7 +335,7 @@ class TestSafety(testing.CachePolicyTestCase):
         outs = []
         for mode in (StockMode(), tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_returns"]))):
             with mode:
-                outs.append([str(op(torch.empty(3))) for _ in range(2)])
+                outs.append([str(op(torch.empty(3))) for _ in range(3)])
         self.assertEqual(outs[1], outs[0])
         self.assertBypassed(mode, op, "torch's entry builder cannot describe the output (AssertionError)", 2)
 
@@ -347,15 +351,17 @@ class TestSafety(testing.CachePolicyTestCase):
         try:
             with mode:
                 x = torch.empty(4, 4)
-                self.assertEqual(op(x, *extra).shape, (4, 4))
+                for _ in range(2):  # the first sight, then the miss that makes v1's entry
+                    self.assertEqual(op(x, *extra).shape, (4, 4))
                 torch.library.register_fake(name, lambda x, *a: testing.swappable_v2(x), lib=lib)
-                self.assertEqual(op(x, *extra).shape, (4, 1))
-                self.assertEqual(op(x, *extra).shape, (4, 1))
+                for _ in range(3):  # v2's first sight, its miss, its hit
+                    self.assertEqual(op(x, *extra).shape, (4, 1))
         finally:
             lib._destroy()
-        self.assertEqual(testing.calls["swappable"], 2)
+        self.assertEqual(testing.calls["swappable"], 4)
         with mode:
             self.assertEqual(op(x, *extra).shape, (4, 4))  # v1 again: its entries are still valid
+        self.assertEqual(testing.calls["swappable"], 4)
 
     def test_context_key_separates_ambient_state(self) -> None:
         """A context_key hook keeps a kernel reading global state from being replayed stale."""
@@ -366,15 +372,15 @@ class TestSafety(testing.CachePolicyTestCase):
             # Crosscheck off: kernel runs are counted, and the policy without the hook must show its stale hits.
             with tcp.FakeTensorMode(cache_policy=policy, cache_crosscheck=False):
                 x = torch.empty(2)
-                for dtype in (torch.float32, torch.int8, torch.float32, torch.int8):
+                for dtype in [torch.float32, torch.int8] * 3:
                     testing.ambient["dtype"] = dtype
                     dtypes.append(ambient_cast(x).dtype)
             testing.ambient["dtype"] = torch.float32
             return dtypes
 
-        expected = [torch.float32, torch.int8, torch.float32, torch.int8]
+        expected = [torch.float32, torch.int8] * 3
         self.assertEqual(run(testing.backend_policy(context_key=lambda: testing.ambient["dtype"])), expected)
-        self.assertEqual(testing.calls["ambient_cast"], 2)
+        self.assertEqual(testing.calls["ambient_cast"], 4)  # per context: the first sight and the miss
         self.assertNotEqual(run(testing.backend_policy()), expected)  # without the hook: stale
 
     def test_context_namespaces_limit_the_context(self) -> None:
@@ -384,14 +390,14 @@ class TestSafety(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=policy)
         with mode:
             x = torch.empty(2, testing.fresh_size())
-            for dtype in (torch.float32, torch.int8, torch.float32):
+            for dtype in (torch.float32, torch.int8, torch.float32, torch.float32):
                 testing.ambient["dtype"] = dtype
                 self.assertEqual(ambient_cast(x).dtype, dtype)
                 q_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
         testing.ambient["dtype"] = torch.float32
         report = mode.cache_report()
-        self.assertEqual((report[ambient_cast].hits, report[ambient_cast].misses), (1, 2))
-        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 1))
+        self.assertEqual((report[ambient_cast].hits, report[ambient_cast].misses), (1, 3))
+        self.assertEqual((report[q_per_tensor].hits, report[q_per_tensor].misses), (2, 2))
 
     def test_context_key_subclass_override(self) -> None:
         """A subclass may override context_key() instead of passing a hook."""
@@ -403,7 +409,8 @@ class TestSafety(testing.CachePolicyTestCase):
         with tcp.FakeTensorMode(cache_policy=SpecPolicy(namespaces=[testing.NS])):
             x = torch.empty(2)
             testing.ambient["dtype"] = torch.int16
-            self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.int16)
+            for _ in range(2):  # the first sight, then the miss that makes the int16 entry
+                self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.int16)
             testing.ambient["dtype"] = torch.float32
             self.assertEqual(testing.op("ambient_cast")(x).dtype, torch.float32)
 
@@ -442,30 +449,50 @@ class TestVerification(testing.CachePolicyTestCase):
         """A hit would rebuild the output at offset 0; the miss notices and bypasses."""
         mode = tcp.FakeTensorMode(cache_policy=self.policy)
         with mode:
-            outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(2)]
-        self.assertEqual([o.storage_offset() for o in outs], [8, 8])
+            outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(3)]
+        self.assertEqual([o.storage_offset() for o in outs], [8, 8, 8])
         self.assertBypassed(mode, torch.ops.tcp_verify.offset.default, "a hit would differ in storage_offset", 2)
         with self.unverified():
             mode = tcp.FakeTensorMode(cache_policy=self.policy)
             with mode:
-                outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(2)]
-        self.assertEqual([o.storage_offset() for o in outs], [8, 0])
+                outs = [torch.ops.tcp_verify.offset(torch.empty(4)) for _ in range(3)]
+        self.assertEqual([o.storage_offset() for o in outs], [8, 8, 0])
 
     def test_input_metadata_change_is_never_skipped(self) -> None:
         """A kernel that unsqueezes its input runs on every call."""
         mode = tcp.FakeTensorMode(cache_policy=self.policy)
         with mode:
-            xs = [torch.empty(3) for _ in range(2)]
+            xs = [torch.empty(3) for _ in range(3)]
             for x in xs:
                 torch.ops.tcp_verify.unsqueezes(x)
-        self.assertEqual([x.shape for x in xs], [(1, 3), (1, 3)])
-        self.assertBypassed(mode, torch.ops.tcp_verify.unsqueezes.default, "fake kernel changed an input's shape", 2)
+        self.assertEqual([x.shape for x in xs], [(1, 3)] * 3)
+        # From the first call: a key's first sight compares the inputs too (Note [An entry on a key's second sight]).
+        self.assertBypassed(mode, torch.ops.tcp_verify.unsqueezes.default, "fake kernel changed an input's shape", 3)
         with self.unverified():
             with tcp.FakeTensorMode(cache_policy=self.policy):
-                xs = [torch.empty(3) for _ in range(2)]
+                xs = [torch.empty(3) for _ in range(3)]
                 for x in xs:
                     torch.ops.tcp_verify.unsqueezes(x)
-        self.assertEqual([x.shape for x in xs], [(1, 3), (3,)])
+        self.assertEqual([x.shape for x in xs], [(1, 3), (1, 3), (3,)])
+
+    def test_a_kernel_memoizing_on_its_input_is_never_replayed(self) -> None:
+        """A kernel that changes an input only on its first run on it (a memo) bypasses from the key's first sight."""
+        self.lib.define("memo(Tensor x) -> Tensor")
+
+        def memo(x: torch.Tensor) -> torch.Tensor:
+            if not hasattr(x, "tcp_memo"):
+                x.tcp_memo = x.shape[0]  # type: ignore[attr-defined]
+            return x.new_empty(2)
+
+        torch.library.register_fake("tcp_verify::memo", memo, lib=self.lib)
+        op = torch.ops.tcp_verify.memo.default
+        mode = tcp.FakeTensorMode(cache_policy=self.policy)
+        with mode:
+            x, y = torch.empty(3), torch.empty(3)
+            op(x), op(x)  # the first sight, then a run on the same input that changes nothing
+            op(y)  # a hit would leave y without its memo
+        self.assertEqual(getattr(y, "tcp_memo", None), 3)
+        self.assertBypassed(mode, op, "fake kernel changed an input's python attributes", 3)
 
     @parametrize("op_name", ["offset", "unsqueezes"])
     def test_crosscheck_catches_what_verification_would(self, op_name: str) -> None:
@@ -475,6 +502,7 @@ class TestVerification(testing.CachePolicyTestCase):
                     "unsqueezes": "changed an input's shape; the cache hit did not"}[op_name]
         with tcp.FakeTensorMode(cache_policy=self.policy, cache_crosscheck=True):
             with self.unverified():
+                op(torch.empty(3))  # the first sight
                 op(torch.empty(3))  # the miss stores the entry torch builds
             with self.assertRaisesRegex(tcp.CrosscheckError, expected):
                 op(torch.empty(3))
@@ -491,14 +519,14 @@ class TestVerification(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=self.policy)
         with mode:
             x = torch.empty(1)
-            shapes = [tuple(op(x, s).shape) for s in (0.0, -0.0, 0.0, -0.0)]
+            shapes = [tuple(op(x, s).shape) for s in (0.0, -0.0) * 3]
             size = len(mode.cache_store)
             for _ in range(20):
                 op(x, float("nan"))
-        self.assertEqual(shapes, [(1,), (2,), (1,), (2,)])
+        self.assertEqual(shapes, [(1,), (2,)] * 3)
         self.assertEqual(len(mode.cache_store), size)
         self.assertBypassed(mode, op, "NaN argument", 20)
-        self.assertEqual((mode.cache_report()[op].hits, mode.cache_report()[op].misses), (2, 2))
+        self.assertEqual((mode.cache_report()[op].hits, mode.cache_report()[op].misses), (2, 4))
 
     def test_view_bases_autograd_state_joins_the_key(self) -> None:
         """A kernel reading its view argument's base (x._base.grad, x._base.requires_grad) gets one entry per state."""
@@ -554,14 +582,16 @@ class TestVerification(testing.CachePolicyTestCase):
             with mode:
                 x = torch.empty(2)
                 dtypes = []
-                for dtype in (torch.float16, torch.float16, torch.int8, torch.float16):
+                for dtype in (torch.float16, torch.float16, torch.int8, torch.float16, torch.float16):
                     testing.ambient["dtype"] = dtype
                     dtypes.append(torch.ops.tcp_verify.outer(x).dtype)
         finally:
             testing.ambient["dtype"] = torch.float32
-        self.assertEqual(dtypes, [torch.float16, torch.float16, torch.int8, torch.float16])
-        # The outer op's kernel dispatches a backend op: it runs every time (Note [Entries cover inner ops]).
+        self.assertEqual(dtypes, [torch.float16, torch.float16, torch.int8, torch.float16, torch.float16])
+        # The outer op's kernel dispatches a backend op: its first sight is a miss, every later call a bypass that
+        # runs it (Note [Entries cover inner ops]).
         self.assertBypassed(mode, torch.ops.tcp_verify.outer.default, RUNS_BACKEND_OPS, 4)
+        self.assertEqual(mode.cache_report()[torch.ops.tcp_verify.outer.default].misses, 1)
         self.assertEqual(mode.cache_report()[testing.op("ambient_cast")].hits, 2)
 
     @parametrize("where", ["mode", "meta", "scratch_stock_mode"])
@@ -589,7 +619,8 @@ class TestVerification(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=self.policy, cache_crosscheck=False)
         x = mode.from_tensor(torch.empty(3))
         with mode:
-            self.assertEqual(torch.ops.tcp_verify.outer(x).shape, (5,))
+            for _ in range(2):  # the first sight, then the miss that makes the entry
+                self.assertEqual(torch.ops.tcp_verify.outer(x).shape, (5,))
         lib2 = torch.library.Library("tcp_verify", "FRAGMENT")
         self.addCleanup(lib2._destroy)
         torch.library.register_fake("tcp_verify::inner", lambda x: x.new_empty(14), lib=lib2, allow_override=True)
@@ -616,7 +647,7 @@ class TestVerification(testing.CachePolicyTestCase):
             for _ in range(3):
                 torch.ops.tcp_verify.outer(x)
         self.assertEqual(testing.calls["conv"], 3)
-        self.assertBypassed(mode, torch.ops.tcp_verify.outer.default, RUNS_BACKEND_OPS, 3)
+        self.assertBypassed(mode, torch.ops.tcp_verify.outer.default, RUNS_BACKEND_OPS, 2)  # after its first sight
 
 
 def change_policy_state(mode: tcp.FakeTensorMode, policy: tcp.CachePolicy, step: str) -> None:
@@ -793,7 +824,7 @@ class TestIsolation(testing.CachePolicyTestCase):
                     conv(torch.empty(1, 1, 1, n), 1)
         finally:
             lib._destroy()
-        self.assertEqual(seen, [original_is_builtin] * 2)
+        self.assertEqual(seen, [original_is_builtin] * 4)  # per key: the first sight and the miss
         self.assertIs(library_utils.is_builtin, original_is_builtin)
         hits, misses, bypasses, _ = testing.stock_info()
         self.assertEqual((hits, misses, bypasses), before[:3])
@@ -829,7 +860,7 @@ class TestIsolation(testing.CachePolicyTestCase):
         thread.join()
         self.assertEqual(errors, [])
         self.assertEqual(testing.stock_info()[2].get("non-builtin", 0) - before, n_calls)
-        self.assertEqual(mode.cache_report()[conv].hits, n_calls - 1)
+        self.assertEqual(mode.cache_report()[conv].hits, n_calls - 2)  # the first sight and the miss did not hit
 
     def test_reading_stats_while_another_thread_dispatches(self) -> None:
         """cache_info() and cache_report() may be read while the mode dispatches new ops elsewhere."""
@@ -879,8 +910,8 @@ class TestIsolation(testing.CachePolicyTestCase):
             t.start()
         for t in threads:
             t.join()
-        self.assertEqual(results[0].cache_report()[conv].hits, 9)
-        self.assertEqual(results[1].cache_report()[conv].hits, 19)
+        self.assertEqual(results[0].cache_report()[conv].hits, 8)
+        self.assertEqual(results[1].cache_report()[conv].hits, 18)
         self.assertEqual(len(results[0].cache_store), 1)
 
 
@@ -894,10 +925,10 @@ class TestIdentity(testing.CachePolicyTestCase):
             conv(x, 1)
             conv(x, 1)
             policy.register_namespace(testing.NS)
-            conv(x, 1)
-            conv(x, 1)
+            for _ in range(3):
+                conv(x, 1)
         self.assertEqual(mode.cache_report()[conv].bypasses, {"non-builtin": 2})
-        self.assertEqual(mode.cache_report()[conv].hits, 1)
+        self.assertEqual((mode.cache_report()[conv].hits, mode.cache_report()[conv].misses), (1, 2))
 
     def test_stock_negative_entry_does_not_block_the_policy(self) -> None:
         """A 'non-builtin' entry stock left in torch's cache is never consulted for admitted ops."""
@@ -910,8 +941,8 @@ class TestIdentity(testing.CachePolicyTestCase):
         mode = tcp.FakeTensorMode(cache_policy=testing.backend_policy())
         with mode:
             x = torch.empty(1, 1, 7, 7)
-            conv(x, 1)
-            conv(x, 1)
+            for _ in range(3):
+                conv(x, 1)
         self.assertEqual(mode.cache_report()[conv].hits, 1)
 
     def test_denied_op_is_never_served(self) -> None:
@@ -940,17 +971,18 @@ class TestIdentity(testing.CachePolicyTestCase):
         c = tcp.FakeTensorMode(cache_policy=testing.backend_policy(), cache_store=store, cache_crosscheck=False)
         for mode in (a, b, c):
             with mode:
-                conv(torch.empty(1, 1, 5, 5), 1)
-        self.assertEqual([m.cache_report()[conv].hits for m in (a, b, c)], [0, 0, 1])
-        self.assertEqual(testing.calls["conv"], 2)
+                for _ in range(2):
+                    conv(torch.empty(1, 1, 5, 5), 1)
+        self.assertEqual([m.cache_report()[conv].hits for m in (a, b, c)], [0, 0, 2])
+        self.assertEqual(testing.calls["conv"], 4)  # a's and b's first sight and miss
 
     def test_replacing_the_policy(self) -> None:
         """mode.cache_policy can be replaced, and is validated."""
         mode = tcp.FakeTensorMode()
         mode.cache_policy = testing.backend_policy()
         with mode:
-            conv(torch.empty(1, 1, 2, 2), 1)
-            conv(torch.empty(1, 1, 2, 2), 1)
+            for _ in range(3):
+                conv(torch.empty(1, 1, 2, 2), 1)
         self.assertEqual(mode.cache_report()[conv].hits, 1)
         with self.assertRaisesRegex(TypeError, r"FakeTensorMode.cache_policy = \.\.\.: expected a torch_cachepolicy.CachePolicy or None, got the string 'tosa'"):
             mode.cache_policy = "tosa"  # type: ignore[assignment]
@@ -965,7 +997,8 @@ class TestIdentity(testing.CachePolicyTestCase):
         a.cache_clear()
         self.assertEqual(len(store), 0)
         with b:
-            conv(torch.empty(1, 1, 3, 9), 1)  # b was synced before the clear
+            for _ in range(2):  # the first sight, then the miss that makes the entry
+                conv(torch.empty(1, 1, 3, 9), 1)  # b was synced before the clear
         self.assertEqual(len(store), 1)
         with c:
             conv(torch.empty(1, 1, 3, 9), 1)
@@ -980,8 +1013,8 @@ class TestIdentity(testing.CachePolicyTestCase):
         b = tcp.FakeTensorMode(cache_policy=testing.backend_policy(context_key=lambda: 1), cache_store=store)
         for mode in (a, b):
             with mode:
-                conv(torch.empty(1, 1, 5, 6), 1)
-                conv(torch.empty(1, 1, 5, 6), 1)
+                for _ in range(3):
+                    conv(torch.empty(1, 1, 5, 6), 1)
         a.cache_clear()
         self.assertEqual(a.cache_info().hits, 0)
         self.assertEqual(b.cache_report()[conv].hits, 1)
@@ -1003,21 +1036,21 @@ class TestReport(testing.CachePolicyTestCase):
             """\
 op                                                 hits  misses  bypasses
 aten::empty.memory_format                             0       1
-aten::new_empty.default                               0       1
+aten::new_empty.default                               1       1
 quantized_decomposed::quantize_per_tensor.default     0       0  non-builtin: 3
-tcp_test::conv.default                                2       1
-tcp_test::dyn.default                                 0       0  unbacked symbol in scalar output: 3""",
+tcp_test::conv.default                                1       2
+tcp_test::dyn.default                                 0       1  unbacked symbol in scalar output: 2""",
         )
         self.assertEqual(
             mode.cache_report().by_namespace(),
-            {"aten": (0, 2, 0), "quantized_decomposed": (0, 0, 3), "tcp_test": (2, 1, 3)},
+            {"aten": (1, 2, 0), "quantized_decomposed": (0, 0, 3), "tcp_test": (1, 3, 2)},
         )
 
     def test_report_is_a_mapping(self) -> None:
         """A report is a Mapping from op names to rows: in, len, iteration, get and dict() work, by op or name."""
         with tcp.FakeTensorMode(cache_policy=testing.backend_policy()) as mode:
             x = torch.empty(1, 1, 2, 2)
-            conv(x, 1), conv(x, 1)
+            conv(x, 1), conv(x, 1), conv(x, 1)
         report = mode.cache_report()
         self.assertIsInstance(report, collections.abc.Mapping)
         self.assertEqual(list(report), [r.op for r in report.ops])
@@ -1140,7 +1173,7 @@ class TestHigherOrderOps(testing.CachePolicyTestCase):
             with self.assertRaisesRegex(RuntimeError, r"^torch_cachepolicy\.CachePolicy\.context_key\(\): raised "):
                 invoke_subgraph(quantizing, "quantizing", x)
         self.assertEqual(mode.cache_report()["invoke_subgraph"].bypasses, {"higher-order operator (the ops of its subgraph are cached)": 3})
-        self.assertEqual(mode.cache_report()[conv].hits, 3)
+        self.assertEqual(mode.cache_report()[conv].hits, 2)  # 4 calls: the first sight, the miss, 2 hits
 
     def test_invoke_subgraph_runs_its_body_and_its_ops_hit(self) -> None:
         """invoke_subgraph is dispatched uncached; the ops of its body are cached, per context of the policy, and
@@ -1167,7 +1200,7 @@ class TestHigherOrderOps(testing.CachePolicyTestCase):
         report = mode.cache_report()
         self.assertEqual(report["invoke_subgraph"].bypasses, {"higher-order operator (the ops of its subgraph are cached)": 8})
         inner = report[testing.op("ambient_cast")]
-        self.assertEqual((inner.hits, inner.misses), (6, 2))
+        self.assertEqual((inner.hits, inner.misses), (4, 4))  # per context: the first sight, the miss, 2 hits
         self.assertEqual(len(weakref.finalize._registry), finalizers_before)  # type: ignore[attr-defined]
         ref = weakref.ref(gm)
         del gm
@@ -1188,11 +1221,11 @@ class TestHigherOrderOps(testing.CachePolicyTestCase):
         with mode:
             x = torch.empty(2)
             for _ in range(2):
-                for _ in range(2):
+                for _ in range(3):
                     self.assertEqual(invoke_subgraph(gm, "sub", x)[0].shape, (2,))
                 context["value"] = torch.tensor([1.0, 2.0])  # equal values, another object
         report = mode.cache_report()[testing.op("ambient_cast")]
-        self.assertEqual((report.hits, report.misses), (2, 2))
+        self.assertEqual((report.hits, report.misses), (2, 4))  # per object: the first sight, the miss, a hit
 
 
 # Ops whose owners declare torch's own cacheability tags (Note [Reusing
@@ -1232,7 +1265,7 @@ class TestOwnerDeclarations(testing.CachePolicyTestCase):
 
     @parametrize("tag", list(TAG_REASONS))
     def test_torch_tag_bypasses_an_admitted_backend_op(self, tag: str) -> None:
-        """A backend op tagged like aten's uncacheable ops bypasses with stock's reason, even if allowed by name."""
+        """A backend op tagged like aten's uncacheable ops bypasses with stock's reason after its first sight, even if allowed by name."""
         op = getattr(torch.ops.tcp_decl, tag).default
         for policy in (tcp.CachePolicy(namespaces=[DECL_NS]), tcp.CachePolicy(allow=[op])):
             testing.calls.clear()
@@ -1243,7 +1276,8 @@ class TestOwnerDeclarations(testing.CachePolicyTestCase):
                     op(x)
             self.assertTrue(policy.decide(op).cacheable)
             self.assertEqual(testing.calls[tag], 3)
-            self.assertBypassed(mode, op, TAG_REASONS[tag], 3)
+            self.assertBypassed(mode, op, TAG_REASONS[tag], 2)  # the entry builder reads the tag: from the 2nd call
+            self.assertEqual(mode.cache_report()[op].misses, 1)
         # Stock reads the tag before is_builtin: same reason, no "non-builtin".
         self.assertEqual(self._stock_bypasses(op, 2), {TAG_REASONS[tag]: 2})
 
@@ -1257,7 +1291,7 @@ class TestOwnerDeclarations(testing.CachePolicyTestCase):
             for _ in range(3):
                 op(x)
         self.assertEqual(testing.calls["tagged_custom"], 3)
-        self.assertBypassed(mode, op, "data dependent output", 3)
+        self.assertBypassed(mode, op, "data dependent output", 2)  # after the first sight
 
     def test_tag_enum_is_closed(self) -> None:
         """An owner cannot invent a tag such as 'fake_cacheable': Tag is generated from tags.yaml."""
@@ -1559,9 +1593,10 @@ class TestBypassLog(testing.CachePolicyTestCase):
         with self.assertLogs("torch_cachepolicy._driver", level="DEBUG") as logs, mode:
             conv(torch.empty(1, 1, 4, 4), 1)
             q_per_tensor(torch.empty(2), float("nan"), 0, -128, 127, torch.int8)
-            for _ in range(2):
+            for _ in range(3):  # the first sight, the miss that makes the negative entry, the entry's bypass
                 testing.op("bad_view")(torch.empty(4))
-            torch.ops.tcp_bypass_log.unbacked(torch.empty(2))
+            for _ in range(2):  # the first sight, the miss whose entry builder bypasses
+                torch.ops.tcp_bypass_log.unbacked(torch.empty(2))
         lines = [line.split(":", 2)[2] for line in logs.output if line.split(":", 2)[2].startswith("bypass ")]
         self.assertExpectedInline("\n".join(lines), """\
 bypass tcp_test.conv.default: denied by policy (route)

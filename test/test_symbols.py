@@ -186,34 +186,38 @@ class TestSymbols(testing.CachePolicyTestCase):
             return out
 
         mode = self.run_sequence(sequence)
-        self.assertEqual((mode.cache_report()[plain].misses, mode.cache_report()[plain].hits), (1, 2))
+        # The first sight and the miss that makes the entry (after the fact for 2), then a hit (after the fact for 4).
+        self.assertEqual((mode.cache_report()[plain].misses, mode.cache_report()[plain].hits), (2, 1))
 
     def test_own_guards_are_never_skipped(self) -> None:
         """A kernel adding a guard on its own symbol runs until it adds nothing; the ShapeEnv ends as uncached."""
         def sequence(mode: Any) -> list[object]:
             x = symbolic(mode, 6)
             with mode:
-                return [str(op(x).shape) for op in (ne_guard, ne_guard, mod_guard, mod_guard, ne_guard, mod_guard)]
+                ops = (ne_guard, ne_guard, ne_guard, mod_guard, mod_guard, mod_guard, mod_guard, ne_guard, mod_guard)
+                return [str(op(x).shape) for op in ops]
 
         OPS.calls.clear()
         mode = self.run_sequence(sequence)
-        # The first run of mod_guard taught the ShapeEnv a fact about its symbol, so the second call looks under the
-        # new knowledge and misses (it teaches nothing): its entry serves the third.
-        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (2, 1))
-        # ne_guard's symbol learned mod_guard's fact between its second and third call: a miss, rightly.
-        self.assertEqual((mode.cache_report()[ne_guard].misses, mode.cache_report()[ne_guard].hits), (2, 1))
-        self.assertEqual(OPS.calls["mod_guard"], 2 + 3)  # cached run: the two misses; uncached run: 3
+        # The first run of mod_guard (its first sight) taught the ShapeEnv a fact about its symbol, so the second call
+        # looks under the new knowledge, where its key is new: a first sight, then a miss that teaches nothing; that
+        # entry serves the fourth and fifth.
+        self.assertEqual((mode.cache_report()[mod_guard].misses, mode.cache_report()[mod_guard].hits), (3, 2))
+        # ne_guard's symbol learned mod_guard's fact between its third and fourth call: a first sight, rightly.
+        self.assertEqual((mode.cache_report()[ne_guard].misses, mode.cache_report()[ne_guard].hits), (3, 1))
+        self.assertEqual(OPS.calls["mod_guard"], 3 + 5)  # cached run: the three misses; uncached run: 5
 
     def test_a_kernel_that_answers_differently_once_taught_is_not_shared(self) -> None:
         """A kernel whose answer changes with what it taught the ShapeEnv keeps missing until it stops teaching."""
         def sequence(mode: Any) -> list[object]:
             x = symbolic(mode, 9)
             with mode:
-                return [str(OPS.op("learns")(x).shape) for _ in range(3)]
+                return [str(OPS.op("learns")(x).shape) for _ in range(4)]
 
         mode = self.run_sequence(sequence)
         learns = OPS.op("learns")
-        self.assertEqual((mode.cache_report()[learns].misses, mode.cache_report()[learns].hits), (2, 1))
+        # The first sight teaches; under the new knowledge the key is new: a first sight, the miss, a hit.
+        self.assertEqual((mode.cache_report()[learns].misses, mode.cache_report()[learns].hits), (3, 1))
 
     @parametrize("scope", ["suppress_guards", "error_on_new_guards"])
     def test_an_entry_made_where_guards_are_not_recorded_serves_no_call_where_they_are(self, scope: str) -> None:
@@ -222,51 +226,54 @@ class TestSymbols(testing.CachePolicyTestCase):
             x = symbolic(mode, 8)
             with mode:
                 with getattr(mode.shape_env, scope)():
-                    inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+                    inside = [str(OPS.op("branches")(x).shape) for _ in range(3)]
                 outside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
             return inside + outside
 
         mode = self.run_sequence(sequence)
-        # Inside: a miss, then a hit; outside: a miss that records the guard, then a miss under that knowledge.
+        # Inside: the first sight, the miss that makes the entry, then a hit; outside: a first sight that records the
+        # guard, then a first sight under that knowledge.
         report = mode.cache_report()[OPS.op("branches")]
-        self.assertEqual((report.misses, report.hits), (3, 1))
+        self.assertEqual((report.misses, report.hits), (4, 1))
         self.assertEqual(len(mode.shape_env.guards), 1)  # recorded as by the uncached run (run_sequence compares them)
 
     @parametrize("scope", ["suppress_guards", "error_on_new_guards", "frozen"])
     def test_a_guard_free_scope_keeps_its_own_entries(self, scope: str) -> None:
         """Entries made while the ShapeEnv records guards do not serve calls inside a guard-free scope (export's
-        frozen ShapeEnv, a probing pass): the scope's first call runs the kernel, its next ones hit."""
+        frozen ShapeEnv, a probing pass): the scope's first two calls run the kernel, its next ones hit."""
         def sequence(mode: Any) -> list[object]:
             x = symbolic(mode, 8)
             with mode:
-                outside = [str(OPS.op("branches")(x).shape) for _ in range(3)]
+                # A first sight that records the guard, a first sight under that knowledge, the miss, a hit.
+                outside = [str(OPS.op("branches")(x).shape) for _ in range(4)]
                 shape_env = mode.shape_env
                 if scope == "frozen":
                     shape_env.freeze()
-                    inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+                    inside = [str(OPS.op("branches")(x).shape) for _ in range(3)]
                     shape_env.frozen = False
                 else:
                     with getattr(shape_env, scope)():
-                        inside = [str(OPS.op("branches")(x).shape) for _ in range(2)]
+                        inside = [str(OPS.op("branches")(x).shape) for _ in range(3)]
             return outside + inside
 
         mode = self.run_sequence(sequence)
         report = mode.cache_report()[OPS.op("branches")]
-        self.assertEqual((report.misses, report.hits), (3, 2))
+        self.assertEqual((report.misses, report.hits), (5, 2))
 
     @parametrize("op_name", ["specializes", "unifies"])
     def test_a_kernel_guarding_on_an_input_symbol_did_not_change_the_input(self, op_name: str) -> None:
         """Specializing or unifying an input's symbol is what the ShapeEnv learns, not a change to the input: the
-        call after it is cached (no "changed an input's" bypass)."""
+        calls after it are cached (no "changed an input's" bypass)."""
         def sequence(mode: Any) -> list[object]:
             x, y = symbolic(mode, 8), symbolic(mode, 8)
             args = (x,) if op_name == "specializes" else (x, y)
             with mode:
-                return [str(OPS.op(op_name)(*args).shape) for _ in range(3)]
+                return [str(OPS.op(op_name)(*args).shape) for _ in range(4)]
 
         mode = self.run_sequence(sequence)
         report = mode.cache_report()[OPS.op(op_name)]
-        self.assertEqual((report.misses, report.hits, report.bypasses), (2, 1, {}))
+        # The first sight learns; under the new knowledge: a first sight, the miss that makes the entry, a hit.
+        self.assertEqual((report.misses, report.hits, report.bypasses), (3, 1, {}))
 
     def test_an_entry_made_under_backed_size_oblivious_serves_no_call_without_it(self) -> None:
         """The configs that change how backed symbols are reasoned about (backed_size_oblivious) are part of what the
@@ -275,12 +282,12 @@ class TestSymbols(testing.CachePolicyTestCase):
             x = symbolic(mode, 8)
             with mode:
                 with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-                    out = [str(OPS.op("oblivious")(x).shape)]
+                    out = [str(OPS.op("oblivious")(x).shape) for _ in range(2)]  # the first sight, the entry's miss
                 out.append(str(OPS.op("oblivious")(x).shape))
             return out
 
         mode = self.run_sequence(sequence)  # outputs and guards equal to the uncached run's
-        self.assertEqual(mode.cache_report()[OPS.op("oblivious")].misses, 2)
+        self.assertEqual(mode.cache_report()[OPS.op("oblivious")].misses, 3)
 
     def test_crosscheck_catches_a_hit_that_skipped_a_guard(self) -> None:
         """With crosscheck on, a hit whose uncached rerun adds a guard raises: here a config the key is made blind to."""
@@ -288,7 +295,8 @@ class TestSymbols(testing.CachePolicyTestCase):
         x = symbolic(mode, 8)
         with mock.patch.object(_symbols, "_SEMANTICS", ()), mode:
             with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-                OPS.op("oblivious")(x)
+                OPS.op("oblivious")(x)  # the first sight
+                OPS.op("oblivious")(x)  # the miss that makes the entry
             with self.assertRaisesRegex(tcp.CrosscheckError, "taught the ShapeEnv a guard or fact; the cache hit did not"):
                 OPS.op("oblivious")(x)
 
@@ -321,13 +329,14 @@ class TestSymbols(testing.CachePolicyTestCase):
             x = symbolic(mode, 9)
             out = []
             with mode:
-                out += [str(asks_range(x).shape), str(asks_range(x).shape)]
+                out += [str(asks_range(x).shape) for _ in range(3)]
                 torch._check(x.shape[0] > 7)
-                out += [str(asks_range(x).shape), str(asks_range(x).shape)]
+                out += [str(asks_range(x).shape) for _ in range(3)]
             return out
 
         mode = self.run_sequence(sequence)
-        self.assertEqual((mode.cache_report()[asks_range].misses, mode.cache_report()[asks_range].hits), (2, 2))
+        # Before and after the check: the first sight, the miss that makes the entry, a hit.
+        self.assertEqual((mode.cache_report()[asks_range].misses, mode.cache_report()[asks_range].hits), (4, 2))
 
     def test_symbols_of_another_shape_env_bypass(self) -> None:
         """Inputs whose symbols belong to other ShapeEnvs than the mode's bypass (stock bypasses them too), never crash."""

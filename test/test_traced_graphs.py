@@ -101,14 +101,16 @@ class TestTracedGraphs(TestCase):
 
     @parametrize("tracing_mode", ["symbolic", "fake"])
     def test_make_fx_over_hits_of_scalar_and_tensor_backend_ops(self, tracing_mode: str) -> None:
-        """make_fx over a policy mode whose second calls hit (a bare SymInt output, a tensor output) traces the
-        graph stock traces: a hit's SymInt is this call's, never the first call's object (upstream review p13)."""
+        """make_fx over a policy mode whose third calls hit (a bare SymInt output, a tensor output) traces the
+        graph stock traces: a hit's SymInt is this call's, never an earlier call's object (upstream review p13)."""
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
         def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            a, b = torch.ops.tcp_traced.nsize(x), torch.ops.tcp_traced.nsize(x)
-            return x.new_zeros(a + b), torch.ops.tcp_traced.twice(x) + torch.ops.tcp_traced.twice(x)
+            # Three calls each: the first sight, the miss that makes the entry, a hit.
+            a, b, c = (torch.ops.tcp_traced.nsize(x) for _ in range(3))
+            y, z, w = (torch.ops.tcp_traced.twice(x) for _ in range(3))
+            return x.new_zeros(a + b + c), y + z + w
 
         def trace(mode: Any) -> str:
             context = StatelessSymbolicContext([DimDynamic.DYNAMIC] * 2) if tracing_mode == "symbolic" else None
@@ -123,9 +125,9 @@ class TestTracedGraphs(TestCase):
             stock = trace(torch._subclasses.fake_tensor.FakeTensorMode(shape_env=ShapeEnv()))
             mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["tcp_traced"]), shape_env=ShapeEnv())
             ours = trace(mode)
-            hits = mode.cache_report()[torch.ops.tcp_traced.nsize.default].hits
+            hits = [mode.cache_report()[op].hits for op in (torch.ops.tcp_traced.nsize.default, torch.ops.tcp_traced.twice.default)]
         self.assertEqual(ours, stock)
-        self.assertEqual(hits, 1)
+        self.assertEqual(hits, [1, 1])
 
 
 instantiate_parametrized_tests(TestTracedGraphs)

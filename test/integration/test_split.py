@@ -52,15 +52,16 @@ class TestRecorderOutcomes(TestCase):
     """benchmarks/dispatch_recorder.py with outcomes on."""
 
     def test_outcomes_per_mode_kind(self) -> None:
-        """A stock mode bypasses the backend op ("non-builtin"); a policy mode misses once, then hits."""
+        """A stock mode bypasses the backend op ("non-builtin"); a policy mode misses twice (first sight, entry), then hits."""
         with recording(outcomes=True) as census:
             _quantize_twice_and_linear(_ft.FakeTensorMode())
             policy_mode = tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=["quantized_decomposed"]))
-            _quantize_twice_and_linear(policy_mode)
+            for _ in range(2):
+                _quantize_twice_and_linear(policy_mode)
         backend = {"quantized_decomposed"}
         self.assertEqual(census.exclusive(kind="stock", namespaces=backend, outcome="bypass").calls, 2)
-        self.assertEqual(census.exclusive(kind="policy", namespaces=backend, outcome="miss").calls, 1)
-        self.assertEqual(census.exclusive(kind="policy", namespaces=backend, outcome="hit").calls, 1)
+        self.assertEqual(census.exclusive(kind="policy", namespaces=backend, outcome="miss").calls, 2)
+        self.assertEqual(census.exclusive(kind="policy", namespaces=backend, outcome="hit").calls, 2)
         self.assertEqual(census.total(kind="stock", namespaces=backend).non_builtin, 2)
         reasons = {(r["kind"], r["op"], r["reason"]) for r in census.bypass_reason_rows()}
         self.assertIn(("stock", "quantized_decomposed.quantize_per_tensor.default", "non-builtin"), reasons)
