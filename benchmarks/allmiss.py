@@ -8,7 +8,8 @@ The program is ``--layers`` linear layers of distinct widths, each input passed 
 ``aten.linear``/``aten.relu`` directly on tensors made inside the mode, each Q/DQ pair with a scale of its own, so
 no two dispatches share a key. ``--shape exporter`` is a first pass shaped like an exporter's: an
 ``fx.Interpreter`` over the traced module (``F.linear``, whose composite kernel dispatches ``t`` and ``addmm``),
-its input and parameters made with ``from_tensor`` before the pass, Q/DQ at one scale.
+its input and parameters made with ``from_tensor`` before the pass, Q/DQ at one scale. ``--shape interpreter`` is
+the same pass over an exported graph's ops: ``aten.linear``/``aten.relu`` nodes and a Q/DQ scale per layer.
 Each round runs it once, in a fresh mode per configuration, after ``FakeTensorMode.cache_clear()`` (a policy
 mode writes aten entries into torch's storage, as stock does, so they would otherwise hit):
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 from torch._subclasses import fake_tensor as _ft
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torch_cachepolicy as tcp
 from benchmarks.timing import timed
@@ -40,6 +42,9 @@ __all__ = ["CONFIGS", "main", "run"]
 
 CONFIGS: tuple[str, ...] = ("stock", "policy", "policy+qdq")
 """The configurations; ratios are to the first."""
+
+SHAPES: tuple[str, ...] = ("distinct", "exporter", "interpreter")
+"""The shapes of the pass (``--shape``)."""
 
 def _ops() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
@@ -72,15 +77,21 @@ def _program(layers: int) -> Callable[[_ft.FakeTensorMode], None]:
 
 
 class _Layers(torch.nn.Module):
-    def __init__(self, widths: list[int]) -> None:
+    def __init__(self, widths: list[int], aten: bool = False) -> None:
         super().__init__()
         self.linears = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.aten = aten
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         quantize, dequantize = _ops()
-        for linear in self.linears:
-            x = dequantize(quantize(x, 0.02, 0, -128, 127, torch.int8), 0.02, 0, -128, 127, torch.int8)
-            x = torch.relu(linear(x))
+        for i, linear in enumerate(self.linears):
+            # aten: an exported graph's ops (aten.linear, aten.relu), a Q/DQ scale per layer; else the module's calls.
+            scale = 0.01 + i / 1000 if self.aten else 0.02
+            x = dequantize(quantize(x, scale, 0, -128, 127, torch.int8), scale, 0, -128, 127, torch.int8)
+            if self.aten:
+                x = torch.ops.aten.relu.default(torch.ops.aten.linear.default(x, linear.weight, linear.bias))
+            else:
+                x = torch.relu(linear(x))
         return x
 
 
@@ -100,9 +111,9 @@ class _Replay(torch.fx.Interpreter):
         return self.params[target]
 
 
-def _exporter_program(layers: int) -> Callable[[_ft.FakeTensorMode], Callable[[], None]]:
+def _exporter_program(layers: int, aten: bool = False) -> Callable[[_ft.FakeTensorMode], Callable[[], None]]:
     """One pass of an fx.Interpreter over the traced module, inputs and parameters made with from_tensor first."""
-    module = _Layers(_widths(layers))
+    module = _Layers(_widths(layers), aten)
     gm = torch.fx.GraphModule(module, _Inlining().trace(module))
     params = dict(gm.named_parameters())
     x = torch.randn(8, _widths(layers)[0])
@@ -120,11 +131,13 @@ def _exporter_program(layers: int) -> Callable[[_ft.FakeTensorMode], Callable[[]
     return setup
 
 
-def _make(config: str) -> _ft.FakeTensorMode:
+def _make(config: str, shape_env: bool) -> _ft.FakeTensorMode:
+    # An exported program's mode always has a ShapeEnv (static shapes too).
+    env = ShapeEnv() if shape_env else None
     if config == "stock":
-        return _ft.FakeTensorMode()
+        return _ft.FakeTensorMode(shape_env=env)
     namespaces = ["quantized_decomposed"] if config == "policy+qdq" else []
-    return tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=namespaces))
+    return tcp.FakeTensorMode(cache_policy=tcp.CachePolicy(namespaces=namespaces), shape_env=env)
 
 
 def _hits(mode: _ft.FakeTensorMode) -> int:
@@ -133,16 +146,16 @@ def _hits(mode: _ft.FakeTensorMode) -> int:
     return 0  # stock's counters are class-global; its hits are counted by the caller
 
 
-def run(rounds: int, layers: int, shape: str = "distinct") -> dict[str, object]:
+def run(rounds: int, layers: int, shape: str = "distinct", shape_env: bool = False) -> dict[str, object]:
     """Times ``rounds`` rounds; returns the per-configuration CPU seconds and the median ratios to stock."""
     program = _program(layers)
-    exporter = _exporter_program(layers) if shape == "exporter" else None
+    exporter = _exporter_program(layers, aten=shape == "interpreter") if shape != "distinct" else None
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     for r in range(rounds + 1):  # round 0 warms up and is discarded
         order = CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]
         for config in order:
             _ft.FakeTensorMode.cache_clear()
-            mode = _make(config)
+            mode = _make(config, shape_env)
             one_pass = exporter(mode) if exporter is not None else functools.partial(program, mode)
             stock_hits = _ft.FakeTensorMode.cache_hits
             with timed() as t:
@@ -159,6 +172,7 @@ def run(rounds: int, layers: int, shape: str = "distinct") -> dict[str, object]:
         "rounds": rounds,
         "layers": layers,
         "shape": shape,
+        "shape_env": shape_env,
         "cpu_seconds_median": {c: statistics.median(v) for c, v in times.items()},
         "ratio_to_stock_median": ratios,
     }
@@ -168,12 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.allmiss", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--layers", type=int, default=96)
-    parser.add_argument("--shape", choices=("distinct", "exporter"), default="distinct")
+    parser.add_argument("--shape", choices=SHAPES, default="distinct")
+    parser.add_argument("--shape-env", action="store_true", help="modes with a ShapeEnv, as an exported program's")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.layers < 1:
         parser.error("--rounds and --layers must be at least 1")
-    result = run(args.rounds, args.layers, args.shape)
+    result = run(args.rounds, args.layers, args.shape, args.shape_env)
     ratios: dict[str, float] = result["ratio_to_stock_median"]  # type: ignore[assignment]
     seconds: dict[str, float] = result["cpu_seconds_median"]  # type: ignore[assignment]
     print("| configuration | CPU s (median) | / stock (median of rounds) |\n| --- | --- | --- |")
