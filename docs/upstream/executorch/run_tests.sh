@@ -106,7 +106,7 @@ show_imports() {  # show_imports PYTHONPATH
   (cd /tmp && PYTHONPATH=$1 "$PY" -c '
 import executorch.exir as e, torch._subclasses.fake_tensor as f
 print("  executorch.exir:", e.__file__)
-print("  fake_tensor    :", f.__file__, "(hook)" if hasattr(f, "fake_tensor_cache_policy") else "(no hook)")
+print("  fake_tensor    :", f.__file__, "(hook)" if hasattr(f.FakeTensorMode, "_cache_policy") else "(no hook)")
 ' 2>/dev/null)
 }
 
