@@ -1,6 +1,7 @@
 """Compile time of torch's own workloads, unpatched torch against the series, no policy attached.
 
-    python docs/upstream/compile_time_ab.py [--rounds 8] [--reps 3] [--out results.json]
+    python docs/upstream/compile_time_ab.py [--rounds 8] [--reps 3] [--stat median|min] [--out results.json]
+    python docs/upstream/compile_time_ab.py --stat calls
 
 Workloads (models like those of torch's export tests): torch.export.export followed
 by run_decompositions() of an MLP, a conv net with batch norm and a transformer
@@ -9,14 +10,23 @@ torch.compile(backend="eager") of the MLP and the conv net (static, then a secon
 input shape, dynamic). No cache policy is attached anywhere: this measures what
 the series costs the code that does not use it.
 
-Each round starts two fresh interpreters, one on the installed (unpatched) torch
-and one with the series' files served in place of the installed modules (applied
-to copies, as test/test_upstream_patch.py does; nothing is installed), in
-alternating order. Each interpreter runs every workload once to warm up, then
---reps times, clearing FakeTensorMode's cache and dynamo's state before each run,
-and reports the median CPU time (time.process_time) per workload. The result is
-the median over rounds of the per-round ratio series/unpatched per workload, with
-its range; only these interleaved ratios mean anything on a shared machine.
+Each round starts two fresh interpreters, in alternating order, one with copies
+of the installed (unpatched) files served in place of the installed modules, and
+one with the series applied to such copies (as test/test_upstream_patch.py does;
+nothing is installed). Both sides are served the same way, from the same kind of
+directory: torch inspects source paths (a frame in a file outside its package
+counts as user code when a ShapeEnv records where a guard or symbol came from), so
+a copy against the installed file would compare locations, not code. Each
+interpreter runs every workload once to warm up, then --reps times, clearing
+FakeTensorMode's cache and dynamo's state before each run, and reports the median
+(or, with --stat min, the least: the run other jobs disturbed least) CPU time
+(time.process_time) per workload. The result is the median over rounds of the
+per-round ratio series/unpatched per workload, with its range; only these
+interleaved ratios mean anything on a shared machine.
+
+--stat calls counts instead of timing: one run of each workload per side under
+cProfile, its Python function calls and FakeTensorMode's counters (hits, misses,
+bypasses by reason), which do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -46,13 +56,13 @@ FILES = {
 CHILD = r"""
 import importlib.abc, importlib.util, json, os, statistics, sys, time
 FILES = json.loads(os.environ["AB_FILES"])
-TREE = os.environ.get("AB_TREE", "")
+TREE = os.environ["AB_TREE"]
 
 
 class _Served(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         rel = FILES.get(name)
-        if not TREE or rel is None or not os.path.exists(os.path.join(TREE, rel)):
+        if rel is None or not os.path.exists(os.path.join(TREE, rel)):
             return None
         return importlib.util.spec_from_file_location(name, os.path.join(TREE, rel))
 
@@ -66,7 +76,9 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import Dim
 
-assert hasattr(FakeTensorMode, "_cache_policy") == bool(TREE), "wrong torch served"
+assert FakeTensorMode.__module__ == "torch._subclasses.fake_tensor"
+assert sys.modules[FakeTensorMode.__module__].__file__.startswith(TREE), "wrong torch served"
+assert hasattr(FakeTensorMode, "_cache_policy") == (os.environ["AB_SIDE"] == "series")
 torch.manual_seed(0)
 
 
@@ -134,6 +146,19 @@ for name in ("mlp", "convbn"):
 
 reps = int(os.environ["AB_REPS"])
 out = {}
+if os.environ["AB_STAT"] == "calls":
+    import cProfile, pstats
+
+    for name, fn in WORKLOADS.items():
+        fn()
+        FakeTensorMode.cache_clear()
+        torch._dynamo.reset()
+        profile = cProfile.Profile()
+        profile.runcall(fn)
+        info = FakeTensorMode.cache_info()
+        out[name] = [pstats.Stats(profile).total_calls, info.hits, info.misses, dict(sorted(info.bypasses.items()))]
+    print("AB-RESULT " + json.dumps(out))
+    sys.exit(0)
 for name, fn in WORKLOADS.items():
     times = []
     for i in range(reps + 1):
@@ -143,19 +168,20 @@ for name, fn in WORKLOADS.items():
         fn()
         if i:
             times.append(time.process_time() - t0)
-    out[name] = statistics.median(times)
+    out[name] = min(times) if os.environ["AB_STAT"] == "min" else statistics.median(times)
 print("AB-RESULT " + json.dumps(out))
 """
 
 
-def patched_tree(release: str, parent: pathlib.Path) -> pathlib.Path:
+def copied_tree(release: str, parent: pathlib.Path, patched: bool) -> pathlib.Path:
+    """A directory laid out like site-packages holding a copy of fake_tensor.py, with the series applied if patched."""
     import torch
 
     site = pathlib.Path(torch.__file__).resolve().parent.parent
-    tree = parent / "site-packages"
+    tree = parent / ("series" if patched else "unpatched") / "site-packages"
     (tree / "torch/_subclasses").mkdir(parents=True)
     shutil.copyfile(site / FILES["torch._subclasses.fake_tensor"], tree / FILES["torch._subclasses.fake_tensor"])
-    for patch in SERIES:
+    for patch in SERIES if patched else ():
         subprocess.run(
             ["patch", "-p1", "--batch", "--fuzz=0", "-i", str(SERIES_DIRS[release] / patch)],
             cwd=tree,
@@ -165,8 +191,9 @@ def patched_tree(release: str, parent: pathlib.Path) -> pathlib.Path:
     return tree
 
 
-def child(tree: pathlib.Path | None, reps: int) -> dict[str, float]:
-    env = {**os.environ, "AB_FILES": json.dumps(FILES), "AB_TREE": str(tree or ""), "AB_REPS": str(reps)}
+def child(side: str, tree: pathlib.Path, reps: int, stat: str) -> dict[str, float]:
+    env = {**os.environ, "AB_FILES": json.dumps(FILES), "AB_TREE": str(tree), "AB_SIDE": side, "AB_REPS": str(reps)}
+    env["AB_STAT"] = stat
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=3600)
     for line in proc.stdout.splitlines():
@@ -179,6 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--stat", choices=("median", "min", "calls"), default="median")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     import torch
@@ -187,22 +215,45 @@ def main() -> None:
     if release not in SERIES_DIRS:
         raise SystemExit(f"no series for torch {release}")
     with tempfile.TemporaryDirectory(prefix="compile-ab-") as d:
-        tree = patched_tree(release, pathlib.Path(d))
+        trees = {side: copied_tree(release, pathlib.Path(d), side == "series") for side in ("unpatched", "series")}
+        if args.stat == "calls":
+            counts = {side: child(side, trees[side], 0, "calls") for side in trees}
+            print(
+                f"torch {torch.__version__}: Python function calls (cProfile) of one run, and FakeTensorMode's counters"
+            )
+            for w, (calls, *cache) in counts["unpatched"].items():
+                calls_series, *cache_series = counts["series"][w]
+                print(
+                    f"{w:34s} unpatched {calls:9d}  series {calls_series:9d}  "
+                    f"{calls_series - calls:+6d} ({(calls_series - calls) / calls:+.3%})  "
+                    f"counters {'equal' if cache == cache_series else f'DIFFER {cache} {cache_series}'}"
+                )
+            return
         rounds: list[dict[str, dict[str, float]]] = []
         for r in range(args.rounds):
             order = ("unpatched", "series") if r % 2 == 0 else ("series", "unpatched")
-            result = {side: child(tree if side == "series" else None, args.reps) for side in order}
+            result = {side: child(side, trees[side], args.reps, args.stat) for side in order}
             rounds.append(result)
-            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{w} {result['series'][w] / result['unpatched'][w]:.3f}" for w in result["series"]
-            ), flush=True)
+            print(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{w} {result['series'][w] / result['unpatched'][w]:.3f}" for w in result["series"]),
+                flush=True,
+            )
     summary = {}
     for w in rounds[0]["series"]:
         ratios = sorted(x["series"][w] / x["unpatched"][w] for x in rounds)
         base = statistics.median(x["unpatched"][w] for x in rounds)
-        summary[w] = {"unpatched_cpu_s": base, "median_ratio": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+        summary[w] = {
+            "unpatched_cpu_s": base,
+            "median_ratio": statistics.median(ratios),
+            "min": ratios[0],
+            "max": ratios[-1],
+        }
     allr = sorted(x["series"][w] / x["unpatched"][w] for x in rounds for w in x["series"])
-    print(f"torch {torch.__version__}, {args.rounds} rounds x {args.reps} reps, CPU time (process_time), series/unpatched:")
+    print(
+        f"torch {torch.__version__}, {args.rounds} rounds x {args.reps} reps ({args.stat}), "
+        "CPU time (process_time), series/unpatched:"
+    )
     print(f"{'workload':34s} {'unpatched s':>11s} {'median':>7s} {'min':>7s} {'max':>7s}")
     for w, s in summary.items():
         print(f"{w:34s} {s['unpatched_cpu_s']:11.3f} {s['median_ratio']:7.3f} {s['min']:7.3f} {s['max']:7.3f}")
