@@ -108,7 +108,7 @@ show_imports() {  # show_imports PYTHONPATH
 import executorch.exir as e, torch._subclasses.fake_tensor as f
 print("  executorch.exir:", e.__file__)
 import torch
-api = "(hook)" if hasattr(f, "fake_tensor_cache_policy") else "(register_fake_cacheable)" if hasattr(torch.library, "register_fake_cacheable") else "(no hook)"
+api = "(hook)" if hasattr(f.FakeTensorMode, "_cache_policy") else "(register_fake_cacheable)" if hasattr(torch.library, "register_fake_cacheable") else "(no hook)"
 print("  fake_tensor    :", f.__file__, api)
 ' 2>/dev/null)
 }
