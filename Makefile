@@ -36,7 +36,7 @@ CORE_TESTS := test/test_mode.py test/test_policy.py test/test_keyset.py test/tes
 FULL_TESTS := test --ignore=test/integration --ignore=test/test_packaging.py
 
 .PHONY: disk install bench-install bench bench-full lint test test-fallback test-main test-wheel test-executorch \
-	test-torch test-sanitizers bench-executorch bench-executorch-large bench-executorch-split clean clean-venvs
+	test-torch test-sanitizers bench-executorch bench-executorch-large bench-executorch-split bench-census clean clean-venvs
 
 $(PYTHON):
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
@@ -106,6 +106,13 @@ bench-executorch-large: bench-install
 
 # The split of the large Ethos-U55 lowering into fake dispatch (by outcome and mode) and the
 # rest, and the distance to free fake dispatch (docs/executorch.md; about 6 minutes).
+# The census of entry kinds (docs/design.md, "Kinds of entry"; about 15 minutes): entries and hits per kind on the
+# ExecuTorch flows and torch.export workloads, and what each kind saves, switched off against all on.
+bench-census: bench-install
+	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
+	mkdir -p bench-results
+	$(PYTHON) -m benchmarks.executorch.entry_kinds --json bench-results/entry-kinds.json
+
 bench-executorch-split: bench-install
 	$(PIP) install --quiet --no-deps -r requirements-executorch.txt
 	mkdir -p bench-results

@@ -433,6 +433,23 @@ class TestAdoptErrors(TestCase):
             self.assertEqual((again + 1).shape, (4, 8))
         self.assertEqual(metadata(again), metadata(fake))
 
+    def test_value_memos_carry_over(self) -> None:
+        """A value's nonzero() memo, made under the old mode, serves the new one: the same unbacked symbol, none new."""
+        old = StockMode(shape_env=ShapeEnv())
+        fake = old.from_tensor(torch.ones(5))
+        with old:
+            before = fake.nonzero().shape[0]
+        graph = torch.fx.Graph()
+        node = graph.placeholder("x")
+        node.meta["val"] = fake
+        graph.output(node)
+        mode = adopt(torch.fx.GraphModule(torch.nn.Module(), graph))
+        counter = mode.shape_env.unbacked_symint_counter
+        with mode:
+            after = fake.nonzero().shape[0]
+        self.assertEqual(str(after), str(before))
+        self.assertEqual(mode.shape_env.unbacked_symint_counter, counter)
+
     def test_foreign_shape_env(self) -> None:
         """shape_env may only name the program's own ShapeEnv."""
         ep = export_mlp()

@@ -20,6 +20,7 @@ from typing import Any
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize, run_tests
 
 import torch_cachepolicy as tcp
+import torch_cachepolicy.recipes.executorch as executorch_recipe
 
 API_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 HEADING = re.compile(r"^(#{2,3}) `([^`]+)`\s*$", re.M)
@@ -59,23 +60,39 @@ def is_api_member(cls: type, name: str, raw: object) -> bool:
     return inspect.isfunction(raw) and bool(docstring(raw))
 
 
+# The public modules, by the prefix their names carry in docs/api.md's headings; each one's __all__ is its API.
+PUBLIC_MODULES: dict[str, Any] = {"": tcp, "recipes.executorch.": executorch_recipe}
+
+
+def public_names() -> list[str]:
+    """Every public name, with its module's prefix."""
+    return [prefix + name for prefix, module in PUBLIC_MODULES.items() for name in module.__all__]
+
+
 def required_names() -> list[str]:
-    """Every name of __all__, and every member with a docstring that a public class defines itself."""
+    """Every public name, and every member with a docstring that a public class defines itself."""
     names = []
-    for name in tcp.__all__:
+    for name in public_names():
         names.append(name)
-        obj = getattr(tcp, name)
+        obj = _resolve(name)
         if inspect.isclass(obj):
             names += [f"{name}.{m}" for m, raw in vars(obj).items() if is_api_member(obj, m, raw)]
     return names
 
 
+def _resolve(public: str) -> Any:
+    prefix = max((p for p in PUBLIC_MODULES if public.startswith(p)), key=len)
+    return getattr(PUBLIC_MODULES[prefix], public.removeprefix(prefix))
+
+
 def expected_block(dotted: str) -> str:
     """What the text block of ``dotted`` must say, derived from the code."""
-    top, _, member = dotted.partition(".")
-    if top not in tcp.__all__:
-        raise AssertionError(f"docs/api.md documents {top}, which is not in torch_cachepolicy.__all__")
-    obj: Any = getattr(tcp, top)
+    prefix = max((p for p in PUBLIC_MODULES if dotted.startswith(p)), key=len)
+    top, _, member = dotted.removeprefix(prefix).partition(".")
+    if top not in PUBLIC_MODULES[prefix].__all__:
+        raise AssertionError(f"docs/api.md documents {prefix}{top}, which is not in a public module's __all__")
+    obj: Any = getattr(PUBLIC_MODULES[prefix], top)
+    top = prefix + top
     if not member:
         if not inspect.isclass(obj) and not inspect.isfunction(obj):
             return f"{top} = {obj!r}"  # compared by value, see test_block_matches_code
@@ -112,9 +129,9 @@ SECTIONS = sections()
 
 class TestApiDocs(TestCase):
     def test_every_public_name_is_documented(self) -> None:
-        """Each name of __all__ has a top-level heading, and no other name does."""
+        """Each name of the public modules' __all__ has a top-level heading, and no other name does."""
         top = [name for name, (level, _) in SECTIONS.items() if level == 2]
-        self.assertEqual(sorted(top), sorted(tcp.__all__))
+        self.assertEqual(sorted(top), sorted(public_names()))
 
     def test_every_documented_member_is_listed(self) -> None:
         """Each public method or property with a docstring, of each public class, has a heading."""
@@ -125,8 +142,9 @@ class TestApiDocs(TestCase):
         """A member heading is level 3 and comes after its class's heading."""
         order = list(SECTIONS)
         for name, (level, _) in SECTIONS.items():
-            if "." in name:
-                cls = name.split(".")[0]
+            prefix = max((p for p in PUBLIC_MODULES if name.startswith(p)), key=len)
+            if "." in name.removeprefix(prefix):
+                cls = prefix + name.removeprefix(prefix).split(".")[0]
                 self.assertEqual(level, 3, msg=name)
                 self.assertIn(cls, SECTIONS, msg=name)
                 self.assertLess(order.index(cls), order.index(name), msg=name)

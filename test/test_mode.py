@@ -594,6 +594,34 @@ class TestVerification(testing.CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[torch.ops.tcp_verify.outer.default].misses, 1)
         self.assertEqual(mode.cache_report()[testing.op("ambient_cast")].hits, 2)
 
+    def test_context_key_is_asked_once_per_dispatch_of_its_namespaces(self) -> None:
+        """context_key() is called once per dispatch (hit or miss) of an op of context_namespaces, and never for
+        other ops, even ones whose kernel dispatches such an op (that inner dispatch asks once)."""
+        self.lib.define("outer(Tensor x) -> Tensor")
+        torch.library.register_fake("tcp_verify::outer", lambda x: testing.op("ambient_cast")(x), lib=self.lib)
+        asked: list[int] = []
+        policy = tcp.CachePolicy(
+            namespaces=["tcp_verify", testing.NS, "quantized_decomposed"],
+            context_key=lambda: asked.append(1) or testing.ambient["dtype"],
+            context_namespaces=[testing.NS],
+        )
+        calls = {
+            "ambient_cast": lambda x: testing.op("ambient_cast")(x),
+            "outer": lambda x: torch.ops.tcp_verify.outer(x),
+            "quantize": lambda x: q_per_tensor(x, 0.1, 0, -128, 127, torch.int8),
+        }
+        per_call = {}
+        with tcp.FakeTensorMode(cache_policy=policy):
+            x = torch.empty(2)
+            for name, call in calls.items():
+                counts = []
+                for _ in range(4):
+                    asked.clear()
+                    call(x)
+                    counts.append(len(asked))
+                per_call[name] = counts
+        self.assertEqual(per_call, {"ambient_cast": [1] * 4, "outer": [1] * 4, "quantize": [0] * 4})
+
     @parametrize("where", ["mode", "meta", "scratch_stock_mode"])
     def test_inner_kernel_swapped(self, where: str) -> None:
         """An inner op dispatched through the mode is a dependency (a swap starts afresh); one a kernel evaluates

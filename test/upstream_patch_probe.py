@@ -40,7 +40,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-PATCHED_FILES = {"torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py"}
+PATCHED_FILES = {
+    "torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py",
+    "torch._subclasses._fake_tensor_cache_policy": "torch/_subclasses/_fake_tensor_cache_policy.py",
+}
 TEST_PATCHES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "upstream" / "tests"
 # The TestCase name of each test patch's FakeTensorDispatchCache methods, by the number of the patch it tests.
 CASES = {"0001": "StockHardening", "0002": "CacheClearOnSubclass", "0003": "CachePolicy"}
@@ -89,6 +92,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: E402, F401  (defines quanti
 import upstream_test_sources  # noqa: E402
 from torch._guards import TracingContext  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode, extract_tensor_metadata  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: E402
 from torch.testing._internal.common_utils import (  # noqa: E402
     TestCase,
@@ -115,6 +119,7 @@ TEST_GLOBALS: dict[str, Any] = {
     "TracingContext": TracingContext,
     "FakeTensorMode": FakeTensorMode,
     "extract_tensor_metadata": extract_tensor_metadata,
+    "make_fx": make_fx,
     "DimDynamic": DimDynamic,
     "ShapeEnv": ShapeEnv,
     "StatelessSymbolicContext": StatelessSymbolicContext,

@@ -19,7 +19,7 @@ from torch_cachepolicy.adopt import adopt  # noqa: E402
 from torch_cachepolicy.export import export  # noqa: E402
 from torch_cachepolicy.mode import FakeTensorMode  # noqa: E402
 from torch_cachepolicy.policy import BUILTIN_NAMESPACES, CacheDecision, CachePolicy  # noqa: E402
-from torch_cachepolicy.report import CacheReport, OpReport  # noqa: E402
+from torch_cachepolicy.report import CacheReport, KeyStats, OpReport  # noqa: E402
 from torch_cachepolicy.store import CacheStore  # noqa: E402
 from torch_cachepolicy.version import __version__ as __version__  # noqa: E402
 
@@ -31,6 +31,7 @@ __all__ = [
     "CacheStore",
     "CrosscheckError",
     "FakeTensorMode",
+    "KeyStats",
     "OpReport",
     "adopt",
     "export",

@@ -51,7 +51,8 @@ class GuardFreeInt:
         if not isinstance(other, GuardFreeInt):
             return False
         a, b = self.value.node.expr, other.value.node.expr
-        if a == b or (a - b).expand() == 0:
+        # Expanded separately: sympy memoizes each expansion, so a miss comparing many sizes pays little.
+        if a == b or a.expand() == b.expand():
             return True
         return bool(statically_known_true(self.value == other.value))
 

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -146,7 +146,32 @@ def _value_state(v: object, depth: int) -> object:
 
 
 def _input_tensors(args: Sequence[object], kwargs: Mapping[str, object]) -> list[torch.Tensor]:
-    return [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    out: list[torch.Tensor] = []
+    _collect_tensors(args, out)
+    _collect_tensors(kwargs.values(), out)
+    return out
+
+
+def _collect_tensors(values: Iterable[object], out: list[torch.Tensor]) -> None:
+    # pytree.tree_leaves' order for the containers an op's arguments come in, without its per-leaf dispatch.
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            _collect_tensors(v, out)
+        elif isinstance(v, dict):
+            _collect_tensors(v.values(), out)
+
+
+# "output 3 storage size", built once per position and field: describe() names every field of every output.
+_NAMES: dict[tuple[int, str], str] = {}
+
+
+def _name(i: int, field: str) -> str:
+    name = _NAMES.get((i, field))
+    if name is None:
+        name = _NAMES.setdefault((i, field), f"output {i} {field}")
+    return name
 
 
 def describe(
@@ -164,32 +189,26 @@ def describe(
     out: list[tuple[str, object]] = [("structure", pytree.tree_structure(_plain(output)))]
     seen_storages: list[int] = []
     for i, leaf in enumerate(leaves):
-        where = f"output {i}"
         if isinstance(leaf, torch.Tensor):
             # Aliasing first: when a hit loses it, differing storage size or offset is a consequence, not the cause.
             sid = storage_id(leaf)
-            out.append((f"{where} identity with inputs", tuple(j for j, t in enumerate(inputs) if t is leaf)))
-            out.append((f"{where} identity with input bases", tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
+            out.append((_name(i, "identity with inputs"), tuple(j for j, t in enumerate(inputs) if t is leaf)))
+            out.append((_name(i, "identity with input bases"), tuple(j for j, t in enumerate(inputs) if t._base is leaf)))
             shared = tuple(j for j, s in enumerate(input_storages) if s == sid)
-            out.append((f"{where} storage sharing with inputs", shared))
-            out.append(
-                (f"{where} storage sharing with outputs", tuple(j for j, s in enumerate(seen_storages) if s == sid))
-            )
+            out.append((_name(i, "storage sharing with inputs"), shared))
+            out.append((_name(i, "storage sharing with outputs"), tuple(j for j, s in enumerate(seen_storages) if s == sid)))
             # An output on an input's storage is a declared alias (else it bypasses), and autograd gives it the
             # input's version counter on the way back to the caller: its own counter here is never seen.
-            out.extend(
-                (f"{where} {name}", None if shared and name == "version" else value)
-                for name, value in fields(leaf)
-            )
+            out.extend((_name(i, name), None if shared and name == "version" else value) for name, value in fields(leaf))
             seen_storages.append(sid)
         elif isinstance(leaf, torch.SymInt):
-            out.append((f"{where} value", ("SymInt", guard_free_int(leaf))))
+            out.append((_name(i, "value"), ("SymInt", guard_free_int(leaf))))
             seen_storages.append(-1)
         elif isinstance(leaf, (torch.SymFloat, torch.SymBool)):
-            out.append((f"{where} value", (type(leaf).__name__, leaf.node.expr)))
+            out.append((_name(i, "value"), (type(leaf).__name__, leaf.node.expr)))
             seen_storages.append(-1)
         else:
-            out.append((f"{where} value", (type(leaf), leaf)))
+            out.append((_name(i, "value"), (type(leaf), leaf)))
             seen_storages.append(-1)
     return out
 
@@ -328,19 +347,23 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
                 raise _BypassDispatchCache(_reasons.UNDECLARED_ALIAS)
 
 
+_NOT_BUILT = object()
+
+
 def verify_entry(
     mode: _ft.FakeTensorMode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
-    kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
+    kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS, rebuilt: object = _NOT_BUILT,
 ) -> None:
-    """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
-    entry on the miss that creates it])."""
-    try:
-        # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
-        rebuilt = output_from_entry(mode._output_from_cache_entry, state, entry, key, args)
-    except _BypassDispatchCache:
-        raise
-    except Exception as e:
-        raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
+    """Bypasses unless a hit built from ``entry`` (``rebuilt``, if already built as a hit would) equals ``output`` in
+    ``fields`` and aliasing (Note [Verify every entry on the miss that creates it])."""
+    if rebuilt is _NOT_BUILT:
+        try:
+            # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
+            rebuilt = output_from_entry(mode._output_from_cache_entry, state, entry, key, args)
+        except _BypassDispatchCache:
+            raise
+        except Exception as e:
+            raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
     diff = first_difference(describe(rebuilt, args, kwargs, fields), describe(output, args, kwargs, fields))
     if diff is not None:
         # "output 1 storage_offset" -> "storage_offset": reasons are counted by name, not per output position.

@@ -267,7 +267,8 @@ class CachePolicy:
     def context_key(self) -> Hashable:
         """The ambient context that cached backend results depend on.
 
-        Called once per backend-op dispatch; entries are served only under an equal value (it selects a sub-table).
+        Called once per dispatch, hit or miss, of an op that uses it (:meth:`uses_context`), and never for other ops;
+        entries are served only under an equal value (it selects a sub-table).
         Default: the constructor's ``context_key`` callable, or ``None``.
         """
         return None if self._context_hook is None else self._context_hook()

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import importlib
 import io
 import pkgutil
 import unittest
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, ClassVar, cast
 from unittest import mock
@@ -37,6 +39,7 @@ from torch._ops import OpOverload
 from torch._subclasses import fake_tensor as _ft
 from torch._subclasses.fake_tensor import _DispatchCacheBypassEntry
 from torch.export import ExportedProgram
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_cachepolicy as tcp
@@ -276,11 +279,12 @@ class TestEthosULowering(TestCase):
         self.assertEqual(fake_modes_of(lowered.lowered_module_0.original_module.graph_module), {id(mode)})
 
     def test_context_key_sees_the_tosa_spec(self) -> None:
-        """The context key, consulted for tosa ops only, saw the u55 TOSA spec."""
+        """The context key, consulted for tosa ops only, saw the u55 TOSA spec and the program's own ShapeEnv."""
         from executorch.backends.arm.ethosu import EthosUCompileSpec
 
         spec = EthosUCompileSpec("ethos-u55-128").tosa_spec
-        self.assertEqual(self.results["policy"]["contexts"], {str(spec)})
+        shape_env = self.results["policy"]["shape_env"]
+        self.assertEqual(self.results["policy"]["contexts"], {(str(spec), weakref.ref(shape_env))})
         self.assertIn("+u55", str(spec))
 
     def test_is_builtin_untouched(self) -> None:
@@ -602,14 +606,26 @@ class TestExecuTorchRecipe(TestCase):
 
     @unittest.skipIf(not HAS_EXECUTORCH, SKIP_REASON)
     def test_context_key_is_the_active_spec(self) -> None:
-        """None outside a TOSA lowering context, str(spec) inside; tosa ops consult it."""
+        """None outside a TOSA lowering context, (str(spec), the context's ShapeEnv, weakly) inside; tosa ops consult
+        it, and an entry keyed by it neither keeps the ShapeEnv alive nor serves another one."""
         import executorch.backends.arm.tosa.dialect  # noqa: F401  (defines torch.ops.tosa)
         from executorch.backends.arm.tosa.specification import TosaLoweringContext, TosaSpecification
 
         spec = TosaSpecification.create_from_string("TOSA-1.0+INT+int16")
         self.assertIsNone(recipe.tosa_context_key())
         with TosaLoweringContext(spec):
-            self.assertEqual(recipe.tosa_context_key(), "TOSA-1.0+INT+int16")
+            self.assertEqual(recipe.tosa_context_key(), ("TOSA-1.0+INT+int16", None))
+        shape_env, other = ShapeEnv(), ShapeEnv()
+        with TosaLoweringContext(spec, shape_env):
+            key = recipe.tosa_context_key()
+        with TosaLoweringContext(spec, other):
+            self.assertNotEqual(recipe.tosa_context_key(), key)
+        with TosaLoweringContext(spec, shape_env):
+            self.assertEqual(recipe.tosa_context_key(), key)
+        ref = weakref.ref(shape_env)
+        del shape_env
+        gc.collect()
+        self.assertIsNone(ref())
         self.assertTrue(recipe.executorch_policy().uses_context(torch.ops.tosa.CONCAT.default))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import weakref
 from typing import Any
 
 from torch_cachepolicy.policy import CachePolicy
@@ -33,7 +34,7 @@ TOSA_CONTEXT_NAMESPACES: tuple[str, ...] = ("tosa",)
 
 
 @functools.cache
-def _tosa_spec_var() -> contextvars.ContextVar[Any]:
+def _tosa_context_vars() -> tuple[contextvars.ContextVar[Any], contextvars.ContextVar[Any]]:
     # Resolved once: a cached ContextVar read beats re-running the import on every tosa dispatch.
     try:
         from executorch.backends.arm.tosa.specification import TosaLoweringContext
@@ -43,20 +44,25 @@ def _tosa_spec_var() -> contextvars.ContextVar[Any]:
             f"(executorch.backends.arm) cannot be imported ({e}); install ExecuTorch "
             "(pip install --no-deps -r requirements-executorch.txt) or give CachePolicy your own context_key"
         ) from e
-    return TosaLoweringContext.tosa_spec_var  # type: ignore[no-any-return]
+    return TosaLoweringContext.tosa_spec_var, TosaLoweringContext.shape_env_var
 
 
-def tosa_context_key() -> str | None:
-    """The active TOSA specification, for :class:`CachePolicy`'s ``context_key``.
+def tosa_context_key() -> tuple[str, object] | None:
+    """What TOSA fake kernels read of the active ``TosaLoweringContext``, for :class:`CachePolicy`'s ``context_key``.
 
-    TOSA fake kernels validate against the enclosing ``TosaLoweringContext``'s spec; ``str(spec)`` since spec equality
-    ignores extensions (``TOSA-1.0+INT+u55`` equals ``TOSA-1.0+INT``). ``None`` outside a lowering context.
+    ``(str(spec), ShapeEnv)``: ``str(spec)`` since spec equality ignores extensions (``TOSA-1.0+INT+u55`` equals
+    ``TOSA-1.0+INT``), and the context's ShapeEnv (some kernels make symbols in it) as a weak reference, so that an
+    entry never keeps it alive nor serves another one. ``None`` outside a lowering context.
 
     Raises:
         ImportError: ExecuTorch's Arm backend is not installed.
     """
-    spec = _tosa_spec_var().get(None)
-    return None if spec is None else str(spec)
+    spec_var, shape_env_var = _tosa_context_vars()
+    spec = spec_var.get(None)
+    if spec is None:
+        return None
+    shape_env = shape_env_var.get(None)
+    return (str(spec), None if shape_env is None else weakref.ref(shape_env))
 
 
 def executorch_policy() -> CachePolicy:

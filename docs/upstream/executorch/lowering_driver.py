@@ -21,10 +21,15 @@ each configuration, interleaved, after one discarded warm-up round:
 * ``global-patch``: the same, inside ``benchmarks/global_patch.py`` (ExecuTorch
   PR 21700's process-global ``is_builtin`` swap) around the lowering;
 * ``series``: ``ENABLED = True``: every ExportPass attaches the ExecuTorch
-  policy to the mode it runs on (torch's ``FakeTensorMode.cache_policy``).
+  policy to the mode it runs on (torch's ``FakeTensorMode._cache_policy``).
 
-Only the lowering call is timed (GC collected before, off during). Ratios are
-medians of per-round ratios. Delegate payloads, the lowered graph's code and a
+Only the lowering call is timed (GC collected before, off during), after
+``FakeTensorMode.cache_clear()``: each lowering starts with an empty cache, as
+in a fresh process (v6 keeps policy entries in torch's cache, which would
+otherwise carry them from one round to the next). Ratios are medians of
+per-round ratios. Counts are torch's counters over the lowering (policy
+entries are hits and misses of torch's cache there) and the number of entries
+a policy admitted. Delegate payloads, the lowered graph's code and a
 digest of its constants must be identical across configurations.
 """
 
@@ -154,6 +159,7 @@ def run(args: argparse.Namespace, tree: pathlib.Path) -> dict[str, Any]:
         scope: Any = contextlib.nullcontext()
         if config == "global-patch":
             scope = global_patch.global_patch(fake_tensor_cache.CACHEABLE_NAMESPACES, shape_envs=[mode.shape_env])
+        ft.FakeTensorMode.cache_clear()
         stock0 = ft.FakeTensorMode.cache_info()
         with contextlib.redirect_stdout(io.StringIO()), scope:
             gc.collect()
@@ -165,7 +171,8 @@ def run(args: argparse.Namespace, tree: pathlib.Path) -> dict[str, Any]:
             finally:
                 gc.enable()
         stock = ft.FakeTensorMode.cache_info()
-        policy = mode.policy_cache_info()
+        caches = [ft.FakeTensorMode.cache, mode.shape_env.fake_tensor_cache if mode.shape_env else {}]
+        policy_entries = [key for cache in caches for key in cache if "policy" in key.key]
         fake_tensor_cache.ENABLED = True
         return {
             "seconds": seconds,
@@ -173,9 +180,18 @@ def run(args: argparse.Namespace, tree: pathlib.Path) -> dict[str, Any]:
             "stock_hits": stock.hits - stock0.hits,
             "stock_misses": stock.misses - stock0.misses,
             "stock_non_builtin": stock.bypasses.get("non-builtin", 0) - stock0.bypasses.get("non-builtin", 0),
-            "policy_hits": policy.hits,
-            "policy_misses": policy.misses,
-            "policy_bypasses": policy.bypasses,
+            "bypasses": {
+                reason: n - stock0.bypasses.get(reason, 0)
+                for reason, n in stock.bypasses.items()
+                if n != stock0.bypasses.get(reason, 0)
+            },
+            "policy_entries": len(policy_entries),
+            "policy_negative_entries": sum(
+                isinstance(cache[key], ft._DispatchCacheBypassEntry)
+                for cache in caches
+                for key in cache
+                if "policy" in key.key
+            ),
             "outputs": _digest(lowered),
         }
 

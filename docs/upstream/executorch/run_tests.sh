@@ -40,7 +40,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-PATCH=$HERE/0001-exportpass-fake-tensor-cache-policy.patch
+# PATCH and UNIT_TESTS may be overridden, e.g. for docs/upstream/oplevel/executorch/ (its README).
+PATCH=${PATCH:-$HERE/0001-exportpass-fake-tensor-cache-policy.patch}
 : "${WORK:?set WORK to the directory for the trees, deps and results}"
 : "${PY:?set PY to the python of the venv with torch 2.13.0 and ExecuTorch 1.5.1}"
 [ -x "$PY" ] || { echo "PY=$PY is not an executable" >&2; exit 2; }
@@ -48,7 +49,7 @@ SP=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 RES=$WORK/results
 DEPS=$WORK/deps
 
-UNIT_TESTS="exir/tests/test_fake_tensor_cache.py backends/arm/test/misc/test_tosa_fake_tensor_cache.py"
+UNIT_TESTS=${UNIT_TESTS:-"exir/tests/test_fake_tensor_cache.py backends/arm/test/misc/test_tosa_fake_tensor_cache.py"}
 # The Arm subset: 11 files of backends/arm/test/ops/, 18 test functions, 125 tests (ExecuTorch 1.5.1).
 ARM_TESTS="
 ops/test_add.py::test_add_tensor_tosa_FP
@@ -106,7 +107,9 @@ show_imports() {  # show_imports PYTHONPATH
   (cd /tmp && PYTHONPATH=$1 "$PY" -c '
 import executorch.exir as e, torch._subclasses.fake_tensor as f
 print("  executorch.exir:", e.__file__)
-print("  fake_tensor    :", f.__file__, "(hook)" if hasattr(f, "fake_tensor_cache_policy") else "(no hook)")
+import torch
+api = "(hook)" if hasattr(f.FakeTensorMode, "_cache_policy") else "(register_fake_cacheable)" if hasattr(torch.library, "register_fake_cacheable") else "(no hook)"
+print("  fake_tensor    :", f.__file__, api)
 ' 2>/dev/null)
 }
 
