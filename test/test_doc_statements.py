@@ -1,10 +1,16 @@
 # Owner(s): ["module: fakeTensor"]
-"""Statements of README.md, docs/guide.md, docs/api.md and docs/design.md that no other test checks.
+"""Statements of README.md and docs/*.md that no other test checks, and the check that every statement is listed.
 
-Each test names the statement it holds the code to. test/doc_statements.md lists every statement of the four docs
-with the tests that check it (these and others), or marks it as shown by an executed code block (test/test_docs.py
-runs the docs' code blocks, test/test_api_docs.py their API blocks); TestStatementList holds that list to the docs and
-the tests.
+Each test names the statement it holds the code to. test/doc_statements.md lists every statement of README.md and of
+each docs/*.md with the tests that check it (these and others), or marks it as shown by an executed code block
+(test/test_docs.py runs the docs' code blocks, test/test_api_docs.py their API blocks); TestStatementList holds that
+list to the docs and the tests, and fails on a paragraph, list item or table row of a doc that holds no listed
+statement and is not listed as "not a statement".
+
+docs/upstream/ is left out: it is the upstream patch series' own record. test/test_upstream_patch.py checks that its
+patches apply to the installed torch and that their tests pass, and that docs/upstream/README.md's release table and
+per-patch line counts match the patches; test/test_docs.py runs its ```python blocks. Its other prose is checked by
+nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import re
 from typing import Any
 
 import torch
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import DispatchCacheInfo
 from torch._subclasses.fake_tensor import FakeTensorMode as StockFakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -437,41 +444,256 @@ class TestApiNotes(TestCase):
         self.assertTrue(mode.cache_policy.is_stock_equivalent)
 
 
+# ------------------------------------------------------------------ exporters.md, executorch.md, reliability.md
+
+EXECUTORCH_MD = ROOT / "docs" / "executorch.md"
+
+
+def makefile_recipe(target: str) -> str:
+    """The recipe of a Makefile target, continued lines joined."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return text[text.index(f"\n{target}:") + 1 :].split("\n\n")[0]
+
+
+def doc_table(doc: pathlib.Path, header: str) -> list[list[str]]:
+    """The rows of the table of ``doc`` whose header row starts with ``header``, as lists of cells."""
+    text = doc.read_text()
+    table = text[text.index(header) :].split("\n\n")[0].splitlines()[2:]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in table]
+
+
+def fake_values(program: torch.export.ExportedProgram) -> list[Any]:
+    """The FakeTensors of the nodes' ``val`` metadata."""
+    return [n.meta["val"] for n in program.graph_module.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+
+
+class TestExportersDoc(TestCase):
+    def test_programs_derived_before_adopt(self) -> None:
+        """exporters.md: a program derived before `adopt` keeps the old mode but for the values it shares with `program`,
+        which move; one derived after uses the policy mode."""
+        ep = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+        old = detect_fake_mode([n.meta["val"] for n in ep.graph_module.graph.nodes if n.op == "placeholder"])
+        before = ep.run_decompositions()
+        shared = {id(v) for v in fake_values(ep)}
+        mode = tcp.adopt(ep)
+        after = ep.run_decompositions()
+        own = {id(v.fake_mode) for v in fake_values(before) if id(v) not in shared}
+        moved = {id(v.fake_mode) for v in fake_values(before) if id(v) in shared}
+        self.assertEqual((own, moved), ({id(old)}, {id(mode)}))  # a mixed program: adopt before deriving any
+        self.assertEqual({id(v.fake_mode) for v in fake_values(after)}, {id(mode)})
+
+
+class TestExecutorchDoc(TestCase):
+    def test_pinned_versions_and_install(self) -> None:
+        """executorch.md: ExecuTorch 1.5.1 with torch 2.13.0, installed --no-deps, `make test-executorch` runs test/integration."""
+        self.assertIn("Checked against ExecuTorch 1.5.1 with torch 2.13.0", squash(EXECUTORCH_MD.read_text()))
+        self.assertRegex((ROOT / "requirements-executorch.txt").read_text(), r"(?m)^executorch==1\.5\.1$")
+        self.assertIn("MAIN_TORCH := 2.13.0", (ROOT / "Makefile").read_text())
+        recipe = makefile_recipe("test-executorch")
+        self.assertIn("install --quiet --no-deps -r requirements-executorch.txt", recipe)
+        self.assertIn("-m pytest -q test/integration", recipe)
+
+    def test_flow_table_is_the_benchmarks_flows(self) -> None:
+        """executorch.md's flow table names exactly the benchmark's flows, each with its backend namespaces."""
+        from benchmarks.executorch.flows import FLOWS
+
+        rows = doc_table(EXECUTORCH_MD, "| flow (`--flow`) |")
+        table = {row[0].strip("`"): tuple(BACKTICKED.findall(row[3])) for row in rows}
+        self.assertEqual(table, {name: flow.backend_namespaces for name, flow in FLOWS.items()})
+
+    def test_measuring_commands(self) -> None:
+        """executorch.md's Measuring table: each make target runs the stated flags and writes the stated JSON."""
+        rows = doc_table(EXECUTORCH_MD, "| command | writes |")
+        self.assertEqual(len(rows), 3)
+        for command, writes in rows:
+            target = re.match(r"`make ([\w-]+)`", command)[1]  # type: ignore[index]
+            recipe = squash(makefile_recipe(target))
+            flags = re.findall(r"--[\w-]+(?: [a-z0-9-]+)?", command.split("(", 1)[1])
+            flags = [f for f in flags if not f.startswith("--flow")] + re.findall(r"(?<=\()--flow \w+", command)
+            for flag in flags:
+                self.assertIn(flag, recipe, msg=target)
+            for flow in ("ethos-u55", "large") if "Ethos-U55, large" in command else ():
+                self.assertIn(flow, recipe, msg=target)
+            stem = re.match(r"`(bench-results/[\w-]+)\.\{json,md\}`", writes)[1]  # type: ignore[index]
+            self.assertIn(f"--json {stem}.json", recipe, msg=target)
+
+    def test_exported_module_gets_a_guards_call_module(self) -> None:
+        """executorch.md: on torch 2.13 `ExportedProgram.module()` adds a `_guards_fn` call_module; the benchmark drops it."""
+        ep = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+        targets = [n.target for n in ep.module().graph.nodes if n.op == "call_module"]
+        self.assertIn("_guards_fn", targets)
+        unguarded = ep.module(check_guards=False)
+        self.assertNotIn("_guards_fn", [n.target for n in unguarded.graph.nodes if n.op == "call_module"])
+        self.assertIn("check_guards=False", (ROOT / "benchmarks" / "executorch" / "lowering.py").read_text())
+
+    def test_export_pass_without_fake_inputs_makes_a_mode(self) -> None:
+        """executorch.md: ExecuTorch's `ExportPass.call` creates a fresh mode when no graph input is a FakeTensor."""
+        import inspect
+
+        try:
+            from executorch.exir.pass_base import ExportPass
+        except ImportError:
+            self.skipTest("needs ExecuTorch (make test-executorch)")
+        source = squash(inspect.getsource(ExportPass.call))
+        self.assertIn("if fake_tensor_mode is None: fake_tensor_mode = FakeTensorMode(", source)
+
+    def test_a_loaded_program_has_its_own_mode(self) -> None:
+        """executorch.md: deserializing a program creates a fake mode (so a loaded program is adopted again)."""
+        import io
+
+        ep = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+        mode = tcp.adopt(ep)
+        buffer = io.BytesIO()
+        torch.export.save(ep, buffer)
+        buffer.seek(0)
+        loaded = torch.export.load(buffer)
+        found = detect_fake_mode([n.meta["val"] for n in loaded.graph_module.graph.nodes if n.op == "placeholder"])
+        self.assertIsNotNone(found)
+        self.assertIsNot(found, mode)
+        self.assertNotIsInstance(found, tcp.FakeTensorMode)
+
+
+class TestReliabilityDoc(TestCase):
+    def test_opdb_sweep_switches(self) -> None:
+        """reliability.md: the op_db sweep takes two samples per op and dtype, every one with TCP_FULL_OPDB=1, and
+        shards by TCP_OPDB_SHARD=i/n; benchmarks.opdb_sweep takes --full."""
+        source = (ROOT / "test" / "test_opinfo_crosscheck.py").read_text()
+        self.assertIn('FULL = os.environ.get("TCP_FULL_OPDB") == "1"', source)
+        self.assertIn("SAMPLES_PER_OP = None if FULL else 2", source)
+        self.assertIn('os.environ.get("TCP_OPDB_SHARD", "0/1").split("/")', source)
+        self.assertIn('"--full"', (ROOT / "benchmarks" / "opdb_sweep.py").read_text())
+
+    def test_sanitizer_build(self) -> None:
+        """reliability.md: `make test-sanitizers` builds with address and undefined sanitizers into build-sanitizers/lib,
+        preloads libasan and libubsan with PYTHONMALLOC=malloc; `make test` runs it."""
+        makefile = (ROOT / "Makefile").read_text()
+        self.assertIn("SAN_DIR := build-sanitizers", makefile)
+        self.assertIn("SAN_CFLAGS := -fsanitize=address,undefined", makefile)
+        self.assertIn('LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)"', makefile)
+        self.assertIn("PYTHONMALLOC=malloc", makefile)
+        self.assertIn("test-sanitizers", makefile_recipe("test").splitlines()[0])
+
+    def test_peer_suite_is_a_script_with_process_scope_by_default(self) -> None:
+        """reliability.md: test/peer_suite.py is not collected by pytest, loads itself as a plugin, --scope defaults to process."""
+        source = (ROOT / "test" / "peer_suite.py").read_text()
+        self.assertFalse(pathlib.Path("peer_suite.py").name.startswith("test_"))
+        self.assertIn('"-p",', source)
+        self.assertRegex(source, r'"--scope",\s*choices=\("process", "module", "instances"\),\s*default="process"')
+        self.assertRegex(source, r'"--class-api",\s*choices=\("raw", "aggregate"\)')
+
+
 # ------------------------------------------------------------------ test/doc_statements.md
 
 STATEMENTS = ROOT / "test" / "doc_statements.md"
-LISTED_DOCS = ("README.md", "docs/guide.md", "docs/api.md", "docs/design.md")
 EXECUTED = "executed block (test/test_docs.py)"
+NOT_A_STATEMENT = "not a statement"
+TABLE_ROW = re.compile(r"^\| (.+?) \| (.+?) \|$", re.M)
+SEPARATOR = re.compile(r"^\|( *:?-+:? *\|)+$")
+LINKS_ONLY = re.compile(r"^(\[[^\]]*\]\([^)]*\)[\s,.;]*)+$")
+ITEM = re.compile(r"^\s*(?:[-*]|\d+\.) ")
 
 
-def listed() -> dict[str, list[tuple[str, list[str]]]]:
-    """``{doc: [(excerpt, [checked by, ...])]}`` from test/doc_statements.md's tables, one per ``## doc`` section."""
-    found: dict[str, list[tuple[str, list[str]]]] = {}
+def listed_docs() -> list[str]:
+    """The docs test/doc_statements.md must cover: README.md and every docs/*.md (not docs/upstream/)."""
+    return ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+
+
+def sections() -> dict[str, tuple[list[tuple[str, list[str]]], list[str]]]:
+    """``{doc: (statements, not_statements)}`` from test/doc_statements.md, one ``## doc`` section per doc.
+
+    statements are ``(excerpt, [checked by, ...])`` rows of the ``| statement | checked by |`` table; not_statements
+    the excerpts of the ``| not a statement | why |`` table.
+    """
+    found: dict[str, tuple[list[tuple[str, list[str]]], list[str]]] = {}
     for section in STATEMENTS.read_text().split("\n## ")[1:]:
         doc, _, body = section.partition("\n")
-        rows = re.findall(r"^\| (.+?) \| (.+?) \|$", body, re.M)
-        found[doc.strip()] = [(e, c.split(", ")) for e, c in rows if (e, c) not in (("statement", "checked by"), ("---", "---"))]
+        statements: list[tuple[str, list[str]]] = []
+        not_statements: list[str] = []
+        table = None
+        for excerpt, second in TABLE_ROW.findall(body):
+            if (excerpt, second) in (("statement", "checked by"), (NOT_A_STATEMENT, "why")):
+                table = excerpt
+            elif excerpt != "---":
+                if table == NOT_A_STATEMENT:
+                    not_statements.append(excerpt)
+                else:
+                    statements.append((excerpt, second.split(", ")))
+        found[doc.strip()] = (statements, not_statements)
     return found
 
 
+def listed() -> dict[str, list[tuple[str, list[str]]]]:
+    """``{doc: [(excerpt, [checked by, ...])]}``: the statement rows of test/doc_statements.md."""
+    return {doc: statements for doc, (statements, _) in sections().items()}
+
+
 def squash(text: str) -> str:
-    return re.sub(r"\s+", " ", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def units(text: str) -> list[str]:
+    """A doc's paragraphs, list items and table rows (whitespace collapsed), without headings, fenced blocks, HTML
+    comments, tables' header rows and units that are only links."""
+    found: list[str] = []
+    lines: list[str] = []
+    fenced = False
+
+    def close() -> None:
+        unit = squash(" ".join(lines))
+        if unit and not LINKS_ONLY.match(unit):
+            found.append(unit)
+        lines.clear()
+
+    text_lines = text.splitlines()
+    for i, line in enumerate(text_lines):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            close()
+            fenced = not fenced
+        elif fenced:
+            continue
+        elif not stripped or stripped.startswith(("#", "<!--")):
+            close()
+        elif stripped.startswith("|"):
+            close()
+            following = text_lines[i + 1].strip() if i + 1 < len(text_lines) else ""
+            if not (SEPARATOR.match(stripped) or SEPARATOR.match(following)):
+                found.append(squash(stripped))
+        else:
+            if ITEM.match(line):
+                close()
+            lines.append(stripped)
+    close()
+    return found
 
 
 class TestStatementList(TestCase):
     def test_sections_are_the_docs(self) -> None:
-        """test/doc_statements.md has one table per doc, for exactly README.md, guide.md, api.md and design.md."""
-        tables = listed()
-        self.assertEqual(sorted(tables), sorted(LISTED_DOCS))
-        self.assertTrue(all(len(rows) > 10 for rows in tables.values()))
+        """test/doc_statements.md has one section per doc: README.md and every docs/*.md, nothing else."""
+        found = sections()
+        self.assertEqual(set(found) ^ set(listed_docs()), set(), msg="a doc without a section, or a section without a doc")
+        self.assertEqual([doc for doc, (rows, _) in found.items() if not rows], [])
 
     def test_excerpts_are_in_their_doc(self) -> None:
-        """Every excerpt is a verbatim piece of its doc (whitespace collapsed), 15 to 120 characters long."""
+        """Every excerpt is a verbatim piece of its doc (whitespace collapsed), 15 to 120 characters long, or a whole
+        unit of it."""
         bad = []
-        for doc, rows in listed().items():
+        for doc, (rows, not_statements) in sections().items():
             text = squash((ROOT / doc).read_text())
-            bad += [(doc, e) for e, _ in rows if squash(e) not in text or not 15 <= len(e) <= 120]
-        self.assertEqual(bad, [])
+            whole = set(units((ROOT / doc).read_text()))
+            for excerpt in [e for e, _ in rows] + not_statements:
+                if squash(excerpt) not in text or not (15 <= len(excerpt) <= 120 or squash(excerpt) in whole):
+                    bad.append((doc, excerpt))
+        self.assertFalse(bad, msg="\n".join(f"{doc}: {excerpt}" for doc, excerpt in bad))
+
+    def test_every_unit_is_listed(self) -> None:
+        """Every paragraph, list item and table row of a doc holds a listed statement or a listed "not a statement"."""
+        uncovered = []
+        for doc, (rows, not_statements) in sections().items():
+            excerpts = [squash(e) for e, _ in rows] + [squash(e) for e in not_statements]
+            uncovered += [(doc, u) for u in units((ROOT / doc).read_text()) if not any(e in u for e in excerpts)]
+        self.assertFalse(uncovered, msg="no listed statement (list one, or a not-a-statement if it states nothing):\n"
+                         + "\n".join(f"{doc}: {unit}" for doc, unit in uncovered))
 
     def test_checking_tests_exist(self) -> None:
         """Every test a row names exists: its file, its class, and the method (a parametrized test's def) on it."""
