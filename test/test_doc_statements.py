@@ -602,7 +602,7 @@ def sections() -> dict[str, tuple[list[tuple[str, list[str]]], list[str]]]:
     """``{doc: (statements, not_statements)}`` from test/doc_statements.md, one ``## doc`` section per doc.
 
     statements are ``(excerpt, [checked by, ...])`` rows of the ``| statement | checked by |`` table; not_statements
-    the excerpts of the ``| not a statement | why |`` table.
+    the excerpts of the ``| not a statement | why |`` table. An excerpt writes a doc's ``|`` as ``\\|``.
     """
     found: dict[str, tuple[list[tuple[str, list[str]]], list[str]]] = {}
     for section in STATEMENTS.read_text().split("\n## ")[1:]:
@@ -611,6 +611,7 @@ def sections() -> dict[str, tuple[list[tuple[str, list[str]]], list[str]]]:
         not_statements: list[str] = []
         table = None
         for excerpt, second in TABLE_ROW.findall(body):
+            excerpt = excerpt.replace("\\|", "|")  # a doc's table cells, quoted across a `|`
             if (excerpt, second) in (("statement", "checked by"), (NOT_A_STATEMENT, "why")):
                 table = excerpt
             elif excerpt != "---":
