@@ -662,6 +662,24 @@ class TestVerification(testing.CachePolicyTestCase):
         with mode, self.assertRaisesRegex(tcp.CrosscheckError, "differs from an uncached dispatch in output 0 shape"):
             torch.ops.tcp_verify.outer(x)
 
+    def test_kernel_returning_its_memo(self) -> None:
+        """A kernel returning the tensor it made on an earlier call gets a fresh, equal tensor on a hit (the
+        documented limit: every field matches, crosscheck included, but not the identity across calls)."""
+        self.lib.define("memo(Tensor x) -> Tensor")
+        memo: dict[object, torch.Tensor] = {}
+
+        def kernel(x: torch.Tensor) -> torch.Tensor:
+            return memo.setdefault(tuple(x.shape), x.new_empty(x.shape))
+
+        torch.library.register_fake("tcp_verify::memo", kernel, lib=self.lib)
+        mode = tcp.FakeTensorMode(cache_policy=self.policy, cache_crosscheck=True)
+        x = mode.from_tensor(torch.empty(3))
+        with mode:
+            outs = [torch.ops.tcp_verify.memo(x) for _ in range(4)]
+        self.assertEqual([o is outs[0] for o in outs], [True, True, False, False])
+        self.assertEqual({(o.shape, o.stride(), o.dtype, o.storage_offset()) for o in outs}, {((3,), (1,), torch.float32, 0)})
+        self.assertEqual(mode.cache_report()[torch.ops.tcp_verify.memo.default].hits, 2)
+
     def test_denied_inner_op_runs_every_time(self) -> None:
         """A backend kernel calling a denied op is not cached either."""
         self.lib.define("outer(Tensor x) -> Tensor")
