@@ -1,9 +1,10 @@
-"""In-process A/B of the op-level series' cost without a registration: stock 2.13.0 against the series.
+"""In-process A/B of the op-level series' cost without a registration: stock torch against the series.
 
-Usage, from the repository root: python docs/upstream/oplevel/ab_no_registration.py [--rounds 40] [--declared]
+Usage, from the repository root: python docs/upstream/ab_no_registration.py [--rounds 40] [--declared]
 
-As the v5.5 review's p01b: the series is applied to copies of the files it touches (served in place
-of the installed modules, as lowering_driver.py does), and the five methods of FakeTensorMode it
+Runs on the installed torch 2.13.0 (docs/upstream/000N-*.patch) or 2.15.0 (torch-2.15.0/). As the v5.5
+review's p01b: the series is applied to copies of the files it touches (served in place of the
+installed modules, as executorch/lowering_driver.py does), and the five methods of FakeTensorMode it
 changes (_cached_dispatch_impl, _cache_key, _validate_cache_key, _make_cache_entry,
 _get_output_info_for_cache_entry) are compiled from the installed, unpatched fake_tensor.py into the
 patched module's namespace; each round runs the workloads with stock's five and with the series'
@@ -37,10 +38,10 @@ NAMES = (
 )
 
 
-def _oplevel_driver():
-    spec = importlib.util.spec_from_file_location("_oplevel_driver", HERE / "lowering_driver.py")
+def _driver():
+    spec = importlib.util.spec_from_file_location("_lowering_driver", HERE / "executorch" / "lowering_driver.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["_oplevel_driver"] = module
+    sys.modules["_lowering_driver"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -50,12 +51,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--declared", action="store_true")
     args = parser.parse_args()
-    driver = _oplevel_driver()
-    stock_file = driver.DRIVER._package_dir("torch") / "_subclasses" / "fake_tensor.py"
+    driver = _driver()
+    import importlib.metadata
+
+    release = importlib.metadata.version("torch").split("+")[0]
+    if release != "2.13.0":  # the series made for this release
+        series_dir = HERE / f"torch-{release}"
+        driver.SERIES["oplevel"] = (sorted(series_dir.glob("000*.patch")), driver.SERIES["oplevel"][1])
+    stock_file = driver._package_dir("torch") / "_subclasses" / "fake_tensor.py"
     with tempfile.TemporaryDirectory(prefix="oplevel-ab-") as tmp:
         tree = pathlib.Path(tmp)
-        driver.prepare(tree, executorch=False)
-        sys.meta_path.insert(0, driver.DRIVER._TreeFinder(tree))
+        driver.prepare(tree, "oplevel", executorch=False)
+        sys.meta_path.insert(0, driver._TreeFinder(tree))
         run(args, stock_file, tree)
 
 

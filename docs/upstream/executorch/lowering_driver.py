@@ -89,10 +89,11 @@ def _touched(patch: pathlib.Path) -> list[tuple[str, bool]]:
     ]
 
 
-def prepare(tree: pathlib.Path, series: str) -> None:
-    """Copies the files a series and its ExecuTorch patch touch into ``tree`` (laid out like site-packages) and applies them."""
+def prepare(tree: pathlib.Path, series: str, executorch: bool = True) -> None:
+    """Copies the files a series (and its ExecuTorch patch) touch into ``tree`` (laid out like site-packages) and applies them."""
     patches, et_patch = SERIES[series]
-    for root, package, todo in ((tree, "torch", patches), (tree / "executorch", "executorch", [et_patch])):
+    jobs = [(tree, "torch", patches)] + ([(tree / "executorch", "executorch", [et_patch])] if executorch else [])
+    for root, package, todo in jobs:
         base = _package_dir(package)
         for patch in todo:
             for rel, exists in _touched(patch):
