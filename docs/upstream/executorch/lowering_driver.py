@@ -191,6 +191,27 @@ def child(args: argparse.Namespace) -> None:
         negative = sum(isinstance(c.get(k), ft._DispatchCacheBypassEntry) for c, k in keys)
         return len(keys) - negative, negative
 
+    def entry_kinds(mode: Any) -> dict[str, int]:
+        """Entries by kind after a lowering: positive/negative, class cache or ShapeEnv cache (symbolic keys), op kind."""
+        from torch._ops import HigherOrderOperator
+
+        kinds: dict[str, int] = {}
+        caches = {"class": ft.FakeTensorMode.cache}
+        if mode.shape_env is not None:
+            caches["shape_env"] = mode.shape_env.fake_tensor_cache
+        for where, cache in caches.items():
+            for key, entry in list(cache.items()):
+                op = key.key[0] if getattr(key, "key", ()) else None
+                if isinstance(op, HigherOrderOperator):
+                    what = "hop"
+                else:
+                    ns = getattr(op, "namespace", "?")
+                    what = ns if ns in NAMESPACES else ("aten" if ns in ("aten", "prim", "prims") else "other")
+                sign = "negative" if isinstance(entry, ft._DispatchCacheBypassEntry) else "positive"
+                name = f"{what} {where} {sign}"
+                kinds[name] = kinds.get(name, 0) + 1
+        return dict(sorted(kinds.items()))
+
     def lower(config: str) -> dict[str, Any]:
         ep = torch.export.export(converted, example)
         mode = next(n.meta["val"].fake_mode for n in ep.graph.nodes if isinstance(n.meta.get("val"), ft.FakeTensor))
@@ -215,6 +236,7 @@ def child(args: argparse.Namespace) -> None:
             finally:
                 gc.enable()
             positive, negative = backend_entries(mode)
+            kinds = entry_kinds(mode)
         info = ft.FakeTensorMode.cache_info()
         if series == "oplevel":
             declared.update(fake_cache.tokens)  # declarations made by lazy imports during the lowering
@@ -231,6 +253,7 @@ def child(args: argparse.Namespace) -> None:
             "other_bypasses": {k: v for k, v in sorted(bypasses.items()) if v and k != "non-builtin"},
             "backend_entries": positive,
             "backend_negative_entries": negative,
+            "entry_kinds": kinds,
             "outputs": hashlib.sha256(json.dumps(_digest(lowered)).encode()).hexdigest(),
         }
 

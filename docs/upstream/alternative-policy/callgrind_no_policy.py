@@ -40,8 +40,8 @@ same op (``--workloads all``):
 
 Usage::
 
-    python docs/upstream/callgrind_no_policy.py            # all, prints a table (about 15 runs of 1-2 min)
-    python docs/upstream/callgrind_no_policy.py --child hit 1000   # one measured process (run by the above)
+    python docs/upstream/alternative-policy/callgrind_no_policy.py            # all, prints a table (about 15 runs of 1-2 min)
+    python docs/upstream/alternative-policy/callgrind_no_policy.py --child hit 1000   # one measured process (run by the above)
 """
 
 from __future__ import annotations
