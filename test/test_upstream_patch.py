@@ -22,6 +22,7 @@ without a series every test here but the last is skipped. The proposed
 series is checked in full; the alternative's static checks run too, and its
 tests once, with its whole series applied.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -297,7 +298,9 @@ class _Supported(TestCase):
     def setUpClass(cls) -> None:
         super().setUpClass()
         if cls.S.release_dir is None:
-            raise unittest.SkipTest(f"no series is kept for torch {TORCH_VERSION} (docs/upstream/ keeps one for {', '.join(RELEASES)})")
+            raise unittest.SkipTest(
+                f"no series is kept for torch {TORCH_VERSION} (docs/upstream/ keeps one for {', '.join(RELEASES)})"
+            )
 
 
 class TestSeriesApplies(_Supported):
@@ -331,9 +334,7 @@ class TestSeriesApplies(_Supported):
             for release, directory in others:
                 with self.subTest(patch=patch, release=release):
                     a, b = (base / patch).read_text(), (directory / patch).read_text()
-                    self.assertEqual(
-                        re.sub(r"\d+\.\d+\.\d+", "X", header(a)), re.sub(r"\d+\.\d+\.\d+", "X", header(b))
-                    )
+                    self.assertEqual(re.sub(r"\d+\.\d+\.\d+", "X", header(a)), re.sub(r"\d+\.\d+\.\d+", "X", header(b)))
                     self.assertIn(f"\nAgainst torch {base_release}", header(a))
                     self.assertIn(f"\nAgainst torch {release}", header(b))
                     la, lb = hunk_lines(a), hunk_lines(b)

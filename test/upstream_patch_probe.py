@@ -113,8 +113,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
 import torch.ao.quantization.fx._decomposed  # noqa: E402, F401  (defines quantized_decomposed)
+import torch.utils._pytree as pytree  # noqa: E402
 import upstream_test_sources  # noqa: E402
 from torch._guards import TracingContext  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode, extract_tensor_metadata  # noqa: E402
@@ -197,7 +197,12 @@ def test_cases(number: str) -> tuple[list[type[unittest.TestCase]], dict[str, st
     if number in HELPERS_FROM:
         # The other patch's methods, less its tests: in upstream's file both are methods of one class.
         helpers = upstream_test_sources.read_test_patch(test_patch(HELPERS_FROM[number]))
-        exec(compile(f"{helpers.module}\n\n\nclass _Helpers(DispatchCacheTestCase):\n{helpers.methods}\n", "helpers", "exec"), namespace)
+        exec(
+            compile(
+                f"{helpers.module}\n\n\nclass _Helpers(DispatchCacheTestCase):\n{helpers.methods}\n", "helpers", "exec"
+            ),
+            namespace,
+        )
         for attr in [a for a in vars(namespace["_Helpers"]) if a.startswith("test_")]:
             delattr(namespace["_Helpers"], attr)
         base = "_Helpers"

@@ -221,7 +221,10 @@ def copied_tree(series: dict, release: str, parent: pathlib.Path, patched: bool)
                 shutil.copyfile(site / rel, tree / rel)
     for patch in series["patches"] if patched else ():
         subprocess.run(
-            ["patch", "-p1", "--batch", "--fuzz=0", "-i", str(directory / patch)], cwd=tree, check=True, capture_output=True
+            ["patch", "-p1", "--batch", "--fuzz=0", "-i", str(directory / patch)],
+            cwd=tree,
+            check=True,
+            capture_output=True,
         )
     return tree
 
@@ -251,7 +254,9 @@ def main() -> None:
         raise SystemExit(f"no series for torch {release}")
     series = SERIES[args.series]
     with tempfile.TemporaryDirectory(prefix="compile-ab-") as d:
-        trees = {side: copied_tree(series, release, pathlib.Path(d), side == "series") for side in ("unpatched", "series")}
+        trees = {
+            side: copied_tree(series, release, pathlib.Path(d), side == "series") for side in ("unpatched", "series")
+        }
         if args.stat == "calls":
             counts = {side: child(series, side, trees[side], 0, "calls") for side in trees}
             print(
@@ -296,7 +301,9 @@ def main() -> None:
     print(f"{'all workloads, all rounds':34s} {'':11s} {statistics.median(allr):7.3f} {allr[0]:7.3f} {allr[-1]:7.3f}")
     if args.out:
         args.out.write_text(
-            json.dumps({"torch": torch.__version__, "series": args.series, "rounds": rounds, "summary": summary}, indent=1)
+            json.dumps(
+                {"torch": torch.__version__, "series": args.series, "rounds": rounds, "summary": summary}, indent=1
+            )
         )
 
 

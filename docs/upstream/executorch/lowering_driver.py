@@ -336,7 +336,11 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
         "median_cpu_s": {
             f"{s}:{c}": round(statistics.median(cpu(r, s, c) for r in rounds), 3) for s in SERIES for c in CONFIGS[s]
         },
-        "counts": {f"{s}:{c}": {k: v for k, v in rounds[-1][s][c].items() if "seconds" not in k} for s in SERIES for c in CONFIGS[s]},
+        "counts": {
+            f"{s}:{c}": {k: v for k, v in rounds[-1][s][c].items() if "seconds" not in k}
+            for s in SERIES
+            for c in CONFIGS[s]
+        },
     }
     pairs = [
         ("oplevel:oplevel", "oplevel:stock"),
@@ -363,9 +367,15 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
             ]
         )
         summary[f"ratios {field}"] = ratios
-    summary["per_round cpu oplevel/stock"] = [round(cpu(r, "oplevel", "oplevel") / cpu(r, "oplevel", "stock"), 3) for r in rounds]
-    summary["per_round cpu policy/stock"] = [round(cpu(r, "policy", "policy") / cpu(r, "policy", "stock"), 3) for r in rounds]
-    summary["per_round cpu oplevel/policy"] = [round(cpu(r, "oplevel", "oplevel") / cpu(r, "policy", "policy"), 3) for r in rounds]
+    summary["per_round cpu oplevel/stock"] = [
+        round(cpu(r, "oplevel", "oplevel") / cpu(r, "oplevel", "stock"), 3) for r in rounds
+    ]
+    summary["per_round cpu policy/stock"] = [
+        round(cpu(r, "policy", "policy") / cpu(r, "policy", "stock"), 3) for r in rounds
+    ]
+    summary["per_round cpu oplevel/policy"] = [
+        round(cpu(r, "oplevel", "oplevel") / cpu(r, "policy", "policy"), 3) for r in rounds
+    ]
     return summary
 
 
