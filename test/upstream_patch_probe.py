@@ -3,7 +3,10 @@
 Runs in a subprocess, never imported by the test process::
 
     TCP_PATCHED_TREE=/tmp/x/site-packages python test/upstream_patch_probe.py probe 0003 ...
-    TCP_PATCHED_TREE= python test/upstream_patch_probe.py workload
+    TCP_PATCHED_TREE= python test/upstream_patch_probe.py workload [undeclared]
+
+``TCP_SERIES`` picks whose tests run: ``proposed`` (docs/upstream/, the
+default) or ``alternative`` (docs/upstream/alternative-policy/).
 
 ``TCP_PATCHED_TREE`` names a tree laid out like site-packages that holds the
 patched copies of the files the series touches (``PATCHED_FILES``); those
@@ -43,10 +46,24 @@ from types import ModuleType
 PATCHED_FILES = {
     "torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py",
     "torch._subclasses._fake_tensor_cache_policy": "torch/_subclasses/_fake_tensor_cache_policy.py",
+    "torch._library": "torch/_library/__init__.py",
+    "torch._library.custom_ops": "torch/_library/custom_ops.py",
+    "torch._library.fake_cache": "torch/_library/fake_cache.py",
+    "torch.library": "torch/library.py",
+    "torch.ao.quantization.fx._decomposed": "torch/ao/quantization/fx/_decomposed.py",
 }
-TEST_PATCHES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "upstream" / "tests"
+UPSTREAM = pathlib.Path(__file__).resolve().parent.parent / "docs" / "upstream"
+# Which series' tests run (TCP_SERIES): the proposed one (docs/upstream/) or the alternative (alternative-policy/).
+SERIES = os.environ.get("TCP_SERIES", "proposed")
+TEST_PATCHES = UPSTREAM / "tests" if SERIES == "proposed" else UPSTREAM / "alternative-policy" / "tests"
 # The TestCase name of each test patch's FakeTensorDispatchCache methods, by the number of the patch it tests.
-CASES = {"0001": "StockHardening", "0002": "CacheClearOnSubclass", "0003": "CachePolicy"}
+CASES = {"0001": "StockHardening", "0002": "CacheClearOnSubclass"} | (
+    {"0003": "CacheableOps", "0004": "QuantizedDecomposedCacheable"}
+    if SERIES == "proposed"
+    else {"0003": "CachePolicy"}
+)
+# Test patches whose methods use helper methods (not tests) another test patch adds.
+HELPERS_FROM = {"0004": "0003"} if SERIES == "proposed" else {}
 
 
 class _PatchedFinder(importlib.abc.MetaPathFinder):
@@ -59,6 +76,14 @@ class _PatchedFinder(importlib.abc.MetaPathFinder):
         rel = PATCHED_FILES.get(name)
         if rel is None or not os.path.exists(os.path.join(self.tree, rel)):
             return None
+        if rel.endswith("/__init__.py"):
+            # A package: its submodules that are not patched load from the installed package.
+            torch_spec = importlib.machinery.PathFinder.find_spec("torch")
+            assert torch_spec is not None and torch_spec.submodule_search_locations is not None
+            installed = os.path.join(next(iter(torch_spec.submodule_search_locations)), *name.split(".")[1:])
+            return importlib.util.spec_from_file_location(
+                name, os.path.join(self.tree, rel), submodule_search_locations=[installed]
+            )
         return importlib.util.spec_from_file_location(name, os.path.join(self.tree, rel))
 
 
@@ -89,11 +114,17 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config  # noqa: E402
 import torch.ao.quantization.fx._decomposed  # noqa: E402, F401  (defines quantized_decomposed)
+import torch.utils._pytree as pytree  # noqa: E402
 import upstream_test_sources  # noqa: E402
 from torch._guards import TracingContext  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode, extract_tensor_metadata  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: E402
+from torch.fx.experimental.symbolic_shapes import (  # noqa: E402
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    statically_known_true,
+)
 from torch.testing._internal.common_utils import (  # noqa: E402
     TestCase,
     instantiate_parametrized_tests,
@@ -114,6 +145,8 @@ TEST_GLOBALS: dict[str, Any] = {
     "io": io,
     "patch": patch,
     "weakref": weakref,
+    "sys": sys,
+    "pytree": pytree,
     "torch": torch,
     "aten": aten,
     "TracingContext": TracingContext,
@@ -123,6 +156,7 @@ TEST_GLOBALS: dict[str, Any] = {
     "DimDynamic": DimDynamic,
     "ShapeEnv": ShapeEnv,
     "StatelessSymbolicContext": StatelessSymbolicContext,
+    "statically_known_true": statically_known_true,
     "parametrize": parametrize,
     "skipIfTorchDynamo": skipIfTorchDynamo,
 }
@@ -158,8 +192,21 @@ def test_cases(number: str) -> tuple[list[type[unittest.TestCase]], dict[str, st
     """
     sources = upstream_test_sources.read_test_patch(test_patch(number))
     name = CASES[number]
+    base = "DispatchCacheTestCase"
     namespace: dict[str, Any] = {**TEST_GLOBALS, "DispatchCacheTestCase": DispatchCacheTestCase}
-    source = f"{sources.module}\n\n\nclass {name}(DispatchCacheTestCase):\n{sources.methods}\n"
+    if number in HELPERS_FROM:
+        # The other patch's methods, less its tests: in upstream's file both are methods of one class.
+        helpers = upstream_test_sources.read_test_patch(test_patch(HELPERS_FROM[number]))
+        exec(
+            compile(
+                f"{helpers.module}\n\n\nclass _Helpers(DispatchCacheTestCase):\n{helpers.methods}\n", "helpers", "exec"
+            ),
+            namespace,
+        )
+        for attr in [a for a in vars(namespace["_Helpers"]) if a.startswith("test_")]:
+            delattr(namespace["_Helpers"], attr)
+        base = "_Helpers"
+    source = f"{sources.module}\n\n\nclass {name}({base}):\n{sources.methods}\n"
     exec(compile(source, str(test_patch(number)), "exec"), namespace)
     cls: type[TestCase] = namespace[name]
     instantiate_parametrized_tests(cls)
@@ -218,9 +265,16 @@ def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
     return out
 
 
-def workload() -> list[Any]:
-    """Stock counters and outputs of a fixed workload, without a policy."""
+def workload(undeclared: bool = False) -> list[Any]:
+    """Stock counters and outputs of a fixed workload, without a policy (and, if ``undeclared``, nothing declared cacheable)."""
     q = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    if undeclared:
+        try:
+            from torch._library import fake_cache  # type: ignore[attr-defined]
+        except ImportError:  # unpatched torch, or the alternative series
+            pass
+        else:
+            fake_cache.tokens.clear()
     FakeTensorMode.cache_clear()
     log: list[Any] = []
     for mode in (FakeTensorMode(), FakeTensorMode(shape_env=ShapeEnv())):
@@ -245,10 +299,10 @@ def workload() -> list[Any]:
 def main(argv: Sequence[str]) -> None:
     if argv[:1] == ["probe"] and len(argv) > 1:
         print("PROBE-RESULT " + json.dumps(probe(argv[1:])))
-    elif argv == ["workload"]:
-        print("WORKLOAD-RESULT " + json.dumps(workload()))
+    elif argv in (["workload"], ["workload", "undeclared"]):
+        print("WORKLOAD-RESULT " + json.dumps(workload(undeclared=argv[1:] == ["undeclared"])))
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} probe {' '.join(CASES)} | workload")
+        raise SystemExit(f"usage: {sys.argv[0]} probe {' '.join(CASES)} | workload [undeclared]")
 
 
 if __name__ == "__main__":

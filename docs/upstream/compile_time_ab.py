@@ -1,14 +1,20 @@
-"""Compile time of torch's own workloads, unpatched torch against the series, no policy attached.
+"""Compile time of torch's own workloads, unpatched torch against a series, nothing registered or attached.
 
-    python docs/upstream/compile_time_ab.py [--rounds 8] [--reps 3] [--stat median|min] [--out results.json]
+    python docs/upstream/compile_time_ab.py [--series proposed|alternative] [--rounds 8] [--reps 3]
+        [--stat median|min] [--out results.json]
     python docs/upstream/compile_time_ab.py --stat calls
+
+--series proposed (the default) is the op-level series (docs/upstream/000N-*.patch): the workloads dispatch no
+declared operator, so they take its no-registration path; alternative is the per-mode policy series
+(docs/upstream/alternative-policy/), with no policy attached.
 
 Workloads (models like those of torch's export tests): torch.export.export followed
 by run_decompositions() of an MLP, a conv net with batch norm and a transformer
 encoder, each with static shapes and with a dynamic batch dimension; and
 torch.compile(backend="eager") of the MLP and the conv net (static, then a second
-input shape, dynamic). No cache policy is attached anywhere: this measures what
-the series costs the code that does not use it.
+input shape, dynamic). Nothing is declared for them and no cache policy is
+attached anywhere: this measures what the series costs the code that does not
+use it.
 
 Each round starts two fresh interpreters, in alternating order, one with copies
 of the installed (unpatched) files served in place of the installed modules, and
@@ -35,6 +41,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -42,16 +49,43 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-SERIES = [
-    "0001-fake-tensor-cache-stock-hardening.patch",
-    "0002-fake-tensor-cache-clear-on-subclass.patch",
-    "0003-fake-tensor-cache-policy.patch",
-]
-SERIES_DIRS = {"2.13.0": HERE, "2.14.1": HERE / "torch-2.14.1", "2.15.0": HERE / "torch-2.15.0"}
-FILES = {
-    "torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py",
-    "torch._subclasses._fake_tensor_cache_policy": "torch/_subclasses/_fake_tensor_cache_policy.py",
+RELEASES = ("2.13.0", "2.14.1", "2.15.0")
+SERIES = {
+    "proposed": {
+        "dir": HERE,
+        "patches": [
+            "0001-fake-tensor-cache-stock-hardening.patch",
+            "0002-fake-tensor-cache-clear-on-subclass.patch",
+            "0003-fake-tensor-cacheable-ops.patch",
+            "0004-quantized-decomposed-cacheable.patch",
+        ],
+        # module -> file served from the trees (torch._library's __init__, which 0003 changes by one import that
+        # fake_tensor.py also makes, is not served: a package is left to the installed torch)
+        "files": {
+            "torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py",
+            "torch._library.custom_ops": "torch/_library/custom_ops.py",
+            "torch._library.fake_cache": "torch/_library/fake_cache.py",
+            "torch.library": "torch/library.py",
+            "torch.ao.quantization.fx._decomposed": "torch/ao/quantization/fx/_decomposed.py",
+        },
+        # true on the patched side only
+        "marker": "hasattr(sys.modules['torch._subclasses.fake_tensor'], '_declared_op_key')",
+    },
+    "alternative": {
+        "dir": HERE / "alternative-policy",
+        "patches": [
+            "0001-fake-tensor-cache-stock-hardening.patch",
+            "0002-fake-tensor-cache-clear-on-subclass.patch",
+            "0003-fake-tensor-cache-policy.patch",
+        ],
+        "files": {
+            "torch._subclasses.fake_tensor": "torch/_subclasses/fake_tensor.py",
+            "torch._subclasses._fake_tensor_cache_policy": "torch/_subclasses/_fake_tensor_cache_policy.py",
+        },
+        "marker": "hasattr(FakeTensorMode, '_cache_policy')",
+    },
 }
+
 
 CHILD = r"""
 import importlib.abc, importlib.util, json, os, statistics, sys, time
@@ -78,7 +112,7 @@ from torch.export import Dim
 
 assert FakeTensorMode.__module__ == "torch._subclasses.fake_tensor"
 assert sys.modules[FakeTensorMode.__module__].__file__.startswith(TREE), "wrong torch served"
-assert hasattr(FakeTensorMode, "_cache_policy") == (os.environ["AB_SIDE"] == "series")
+assert eval(os.environ["AB_MARKER"]) == (os.environ["AB_SIDE"] == "series"), "wrong side served"
 torch.manual_seed(0)
 
 
@@ -173,17 +207,21 @@ print("AB-RESULT " + json.dumps(out))
 """
 
 
-def copied_tree(release: str, parent: pathlib.Path, patched: bool) -> pathlib.Path:
-    """A directory laid out like site-packages holding a copy of fake_tensor.py, with the series applied if patched."""
+def copied_tree(series: dict, release: str, parent: pathlib.Path, patched: bool) -> pathlib.Path:
+    """A directory laid out like site-packages holding copies of the files the series changes, the series applied if patched."""
     import torch
 
     site = pathlib.Path(torch.__file__).resolve().parent.parent
     tree = parent / ("series" if patched else "unpatched") / "site-packages"
-    (tree / "torch/_subclasses").mkdir(parents=True)
-    shutil.copyfile(site / FILES["torch._subclasses.fake_tensor"], tree / FILES["torch._subclasses.fake_tensor"])
-    for patch in SERIES if patched else ():
+    directory = series["dir"] if release == RELEASES[0] else series["dir"] / f"torch-{release}"
+    for patch in series["patches"]:
+        for rel in re.findall(r"^\+\+\+ b/(\S+)", (directory / patch).read_text(), re.M):
+            if (site / rel).exists() and not (tree / rel).exists():
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(site / rel, tree / rel)
+    for patch in series["patches"] if patched else ():
         subprocess.run(
-            ["patch", "-p1", "--batch", "--fuzz=0", "-i", str(SERIES_DIRS[release] / patch)],
+            ["patch", "-p1", "--batch", "--fuzz=0", "-i", str(directory / patch)],
             cwd=tree,
             check=True,
             capture_output=True,
@@ -191,10 +229,9 @@ def copied_tree(release: str, parent: pathlib.Path, patched: bool) -> pathlib.Pa
     return tree
 
 
-def child(side: str, tree: pathlib.Path, reps: int, stat: str) -> dict[str, float]:
-    env = {**os.environ, "AB_FILES": json.dumps(FILES), "AB_TREE": str(tree), "AB_SIDE": side, "AB_REPS": str(reps)}
-    env["AB_STAT"] = stat
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+def child(series: dict, side: str, tree: pathlib.Path, reps: int, stat: str) -> dict[str, float]:
+    env = {**os.environ, "AB_FILES": json.dumps(series["files"]), "AB_TREE": str(tree), "AB_SIDE": side}
+    env.update(AB_REPS=str(reps), AB_STAT=stat, AB_MARKER=series["marker"], PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=3600)
     for line in proc.stdout.splitlines():
         if line.startswith("AB-RESULT "):
@@ -204,6 +241,7 @@ def child(side: str, tree: pathlib.Path, reps: int, stat: str) -> dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--series", choices=tuple(SERIES), default="proposed")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--stat", choices=("median", "min", "calls"), default="median")
@@ -212,12 +250,15 @@ def main() -> None:
     import torch
 
     release = str(torch.__version__).split("+")[0]
-    if release not in SERIES_DIRS:
+    if release not in RELEASES:
         raise SystemExit(f"no series for torch {release}")
+    series = SERIES[args.series]
     with tempfile.TemporaryDirectory(prefix="compile-ab-") as d:
-        trees = {side: copied_tree(release, pathlib.Path(d), side == "series") for side in ("unpatched", "series")}
+        trees = {
+            side: copied_tree(series, release, pathlib.Path(d), side == "series") for side in ("unpatched", "series")
+        }
         if args.stat == "calls":
-            counts = {side: child(side, trees[side], 0, "calls") for side in trees}
+            counts = {side: child(series, side, trees[side], 0, "calls") for side in trees}
             print(
                 f"torch {torch.__version__}: Python function calls (cProfile) of one run, and FakeTensorMode's counters"
             )
@@ -232,7 +273,7 @@ def main() -> None:
         rounds: list[dict[str, dict[str, float]]] = []
         for r in range(args.rounds):
             order = ("unpatched", "series") if r % 2 == 0 else ("series", "unpatched")
-            result = {side: child(side, trees[side], args.reps, args.stat) for side in order}
+            result = {side: child(series, side, trees[side], args.reps, args.stat) for side in order}
             rounds.append(result)
             print(
                 f"round {r + 1}/{args.rounds}: "
@@ -251,7 +292,7 @@ def main() -> None:
         }
     allr = sorted(x["series"][w] / x["unpatched"][w] for x in rounds for w in x["series"])
     print(
-        f"torch {torch.__version__}, {args.rounds} rounds x {args.reps} reps ({args.stat}), "
+        f"torch {torch.__version__}, {args.series} series, {args.rounds} rounds x {args.reps} reps ({args.stat}), "
         "CPU time (process_time), series/unpatched:"
     )
     print(f"{'workload':34s} {'unpatched s':>11s} {'median':>7s} {'min':>7s} {'max':>7s}")
@@ -259,7 +300,11 @@ def main() -> None:
         print(f"{w:34s} {s['unpatched_cpu_s']:11.3f} {s['median_ratio']:7.3f} {s['min']:7.3f} {s['max']:7.3f}")
     print(f"{'all workloads, all rounds':34s} {'':11s} {statistics.median(allr):7.3f} {allr[0]:7.3f} {allr[-1]:7.3f}")
     if args.out:
-        args.out.write_text(json.dumps({"torch": torch.__version__, "rounds": rounds, "summary": summary}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"torch": torch.__version__, "series": args.series, "rounds": rounds, "summary": summary}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

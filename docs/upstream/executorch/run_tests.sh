@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_tests.sh: builds a patched and an unpatched copy of the installed ExecuTorch 1.5.1 and runs
-#   (1) the tests 0001-exportpass-fake-tensor-cache-policy.patch adds to ExecuTorch's suite
-#       (exir/tests/test_fake_tensor_cache.py, backends/arm/test/misc/test_tosa_fake_tensor_cache.py),
+#   (1) the tests 0001-declare-backend-ops-cacheable.patch adds to ExecuTorch's suite
+#       (exir/tests/test_fake_tensor_cacheable_ops.py, backends/arm/test/misc/test_tosa_fake_tensor_cache.py),
 #       with torch carrying the series and with the installed (unpatched) torch; and
 #   (2) a fixed subset of ExecuTorch's Arm TOSA op tests (ARM_TESTS below: every parameter of each listed
 #       test function), unpatched torch + unpatched ExecuTorch against the series + patched ExecuTorch,
@@ -40,8 +40,10 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# PATCH and UNIT_TESTS may be overridden, e.g. for docs/upstream/oplevel/executorch/ (its README).
-PATCH=${PATCH:-$HERE/0001-exportpass-fake-tensor-cache-policy.patch}
+# PATCH and UNIT_TESTS may be overridden, e.g. for the alternative's patch:
+#   PATCH=docs/upstream/alternative-policy/executorch/0001-exportpass-fake-tensor-cache-policy.patch
+#   UNIT_TESTS="exir/tests/test_fake_tensor_cache.py backends/arm/test/misc/test_tosa_fake_tensor_cache.py"
+PATCH=${PATCH:-$HERE/0001-declare-backend-ops-cacheable.patch}
 : "${WORK:?set WORK to the directory for the trees, deps and results}"
 : "${PY:?set PY to the python of the venv with torch 2.13.0 and ExecuTorch 1.5.1}"
 [ -x "$PY" ] || { echo "PY=$PY is not an executable" >&2; exit 2; }
@@ -49,7 +51,7 @@ SP=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 RES=$WORK/results
 DEPS=$WORK/deps
 
-UNIT_TESTS=${UNIT_TESTS:-"exir/tests/test_fake_tensor_cache.py backends/arm/test/misc/test_tosa_fake_tensor_cache.py"}
+UNIT_TESTS=${UNIT_TESTS:-"exir/tests/test_fake_tensor_cacheable_ops.py backends/arm/test/misc/test_tosa_fake_tensor_cache.py"}
 # The Arm subset: 11 files of backends/arm/test/ops/, 18 test functions, 125 tests (ExecuTorch 1.5.1).
 ARM_TESTS="
 ops/test_add.py::test_add_tensor_tosa_FP
