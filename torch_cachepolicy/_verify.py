@@ -185,8 +185,8 @@ def describe(
     """
     inputs = _input_tensors(args, kwargs)
     input_storages = [storage_id(t) for t in inputs]
-    leaves = pytree.tree_leaves(_plain(output))
-    out: list[tuple[str, object]] = [("structure", pytree.tree_structure(_plain(output)))]
+    leaves, structure = pytree.tree_flatten(_plain(output))
+    out: list[tuple[str, object]] = [("structure", structure)]
     seen_storages: list[int] = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
