@@ -41,12 +41,9 @@ from typing import Any
 import torch
 from torch._subclasses import fake_tensor as _ft
 
-from torch_cachepolicy.version import TESTED_TORCH, TORCH_REQUIREMENT
+from torch_cachepolicy.version import TESTED_TORCH
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_TORCH = TORCH_REQUIREMENT
-"""The torch releases the package installs with, as a pip version specifier (no upper cap)."""
 
 ADVICE = (
     f"torch_cachepolicy is tested on torch {', '.join(TESTED_TORCH)}; please report this with your torch version "
