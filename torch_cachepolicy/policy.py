@@ -45,16 +45,6 @@ _NOT_COPIED = frozenset({"_lock", "_identity", "_decisions"})
 _RULE_SETS = ("_namespaces", "_allowed", "_denied", "_immutable")
 _HOOKS = ("_predicate", "_context_hook")
 
-# Kernels that run on meta tensors, so a fake dispatch can use them.
-_FAKE_CAPABLE_KEYS = frozenset(
-    {
-        torch._C.DispatchKey.Meta,
-        torch._C.DispatchKey.CompositeImplicitAutograd,
-        torch._C.DispatchKey.CompositeExplicitAutograd,
-        torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
-    }
-)
-
 
 @dataclass(frozen=True)
 class CacheDecision:
@@ -350,7 +340,7 @@ class CachePolicy:
         cia = torch._C.DispatchKey.CompositeImplicitAutograd in keys
         if op.is_view and cia:
             return CacheDecision(False, "view op with a CompositeImplicitAutograd kernel", _reasons.CIA_VIEW)
-        if op.namespace not in BUILTIN_NAMESPACES and not keys & _FAKE_CAPABLE_KEYS:
+        if op.namespace not in BUILTIN_NAMESPACES and keys.isdisjoint(_keyset.FAKE_KERNEL_KEYS):
             holder = torch._library.simple_registry.singleton.get(op.name())
             no_fake = holder is None or holder.fake_impl.kernel is None
             if no_fake and op not in torch._decomp.decomposition_table:
