@@ -19,8 +19,8 @@ from torch._ops import OpOverload, OpOverloadPacket
 _NAMESPACE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _resolve_op_string(api: str, name: str) -> tuple[str, str | None]:
-    """Parses ``"ns::name"`` or ``"ns::name.overload"``; the op must exist."""
+def _check_op_string(api: str, name: str) -> None:
+    """Checks that ``name`` is ``"ns::name"`` or ``"ns::name.overload"`` of an existing op (then it is a rule)."""
     ns, sep, rest = name.partition("::")
     if not sep or not _NAMESPACE_RE.match(ns) or not rest:
         raise ValueError(
@@ -39,14 +39,8 @@ def _resolve_op_string(api: str, name: str) -> tuple[str, str | None]:
             f"{api}: no operator {ns}::{opname} is registered; define it (or import the "
             "module that defines it) before naming it in a policy"
         )
-    if overload:
-        if overload not in packet.overloads():
-            raise ValueError(
-                f"{api}: {ns}::{opname} has no overload {overload!r}; "
-                f"it has {sorted(packet.overloads())}"
-            )
-        return f"{ns}::{opname}", overload
-    return f"{ns}::{opname}", None
+    if overload and overload not in packet.overloads():
+        raise ValueError(f"{api}: {ns}::{opname} has no overload {overload!r}; it has {sorted(packet.overloads())}")
 
 
 def op_rule(api: str, op: object, namespace_fix: str, many_fix: str | None = None) -> str:
@@ -60,8 +54,8 @@ def op_rule(api: str, op: object, namespace_fix: str, many_fix: str | None = Non
     if isinstance(op, OpOverloadPacket):
         return op._qualified_op_name
     if isinstance(op, str):
-        packet, overload = _resolve_op_string(api, op)
-        return packet if overload is None else f"{packet}.{overload}"
+        _check_op_string(api, op)
+        return str(op)  # a str subclass's own __eq__ or __hash__ must not reach the rule sets
     if isinstance(op, CustomOpDef):
         return overload_name(op._opoverload)
     ns = _namespace_of(op)
