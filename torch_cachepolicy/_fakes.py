@@ -71,7 +71,6 @@ def guard_free_int(v: object) -> object:
     return v
 
 
-
 def output_from_entry(build: Callable[..., Any], state: object, entry: object, key: Any, args: object) -> Any:
     """Calls ``build``, a bound ``_output_from_cache_entry``, with this torch's signature: ``(func, args)`` before
     2.15, ``(args)`` since; the func is a key's first item either way."""

@@ -417,7 +417,6 @@ tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 PYTHON_DISPATCHER = torch._C.DispatchKey.PythonDispatcher
 
 
-
 class TableKey(NamedTuple):
     """What a backend op's entries depend on beyond the key (:meth:`KernelDeps.table_key`): one sub-table each.
 

@@ -347,7 +347,6 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
                 raise _BypassDispatchCache(_reasons.UNDECLARED_ALIAS)
 
 
-
 def verify_entry(
     mode: _ft.FakeTensorMode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
     kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
