@@ -776,15 +776,19 @@ class TestSynthHits(testing.CachePolicyTestCase):
         self.assertEqual(mode.cache_report()[aten.relu.default].misses, 119)
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)
-    def test_one_plan_per_stored_entry(self) -> None:
-        """A miss leaves one plan, for the entry it stores; torch's check of its new entry (on a copy it drops)
-        keeps none."""
+    def test_plans_are_made_at_the_first_hit(self) -> None:
+        """A miss leaves no plan (its verification reuses what torch's check of the new entry built); the first hit
+        of each entry keeps one (Note [One synthesis for hits and their verification])."""
         mode = tcp.FakeTensorMode(cache_store=tcp.CacheStore(isolated=True))
         inputs = [mode.from_tensor(_t(n)) for n in range(1, 31)]
         with mode:
             for x in inputs:
                 aten.relu.default(x)
-        self.assertEqual((mode.cache_info().misses, len(mode._cache.synth)), (30, 30))
+            self.assertEqual((mode.cache_info().misses, len(mode._cache.synth)), (30, 0))
+            for _ in range(2):
+                for x in inputs:
+                    aten.relu.default(x)
+        self.assertEqual((mode.cache_info().hits, len(mode._cache.synth)), (60, 30))
 
     @unittest.skipIf(not HAS_FAST, NO_FAST)
     def test_meta_empty_strided_rejects_bad_input(self) -> None:

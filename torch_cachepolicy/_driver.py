@@ -25,7 +25,7 @@ from torch_cachepolicy._names import unhashable_context
 from torch_cachepolicy._routes import BYPASS, POLICY, STOCK, Route
 from torch_cachepolicy._state import CacheState
 from torch_cachepolicy._symbols import check_own_symbols
-from torch_cachepolicy._synth import stub_symint_output
+from torch_cachepolicy._synth import TORCH_PATH, from_captured, stub_symint_output
 from torch_cachepolicy._verify import (
     ALL_FIELDS,
     STORAGE_FIELDS,
@@ -230,7 +230,7 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
     )
     entry: _Entry
     try:
-        entry = _entry(mode, state, route, call, output, in_torch_storage)
+        entry, rebuilt = _entry(mode, state, route, call, output, in_torch_storage)
     except _BypassDispatchCache as e:
         # torch's verdict (or our schema check, on a private table): kept as stock would, but not in torch's storage.
         log.debug("bypass %s: %s (entry builder)", route.func, e.reason)
@@ -238,7 +238,7 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
         if not in_torch_storage:
             _store(call, _DispatchCacheBypassEntry(e.reason), call.table)
         return output
-    reason = _verify(mode, route, call, entry, output, snapshot, frame, env_before)
+    reason = _verify(mode, route, call, entry, output, rebuilt, snapshot, frame, env_before)
     if reason is None:
         route.stats.misses += 1
     else:
@@ -257,8 +257,9 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
 
 def _entry(
     mode: FakeTensorMode, state: CacheState, route: Route, call: _Call, output: object, in_torch_storage: bool
-) -> _DispatchCacheValidEntry:
-    """torch's entry for this output, after the schema checks of a backend op."""
+) -> tuple[_DispatchCacheValidEntry, object]:
+    """torch's entry for this output, after the schema checks of a backend op, and the output a hit of it would
+    give if torch's entry builder already built it (else TORCH_PATH)."""
     func: Any = route.func
     if route.kind is POLICY:
         check_backend_op(func, call.args, explicit=route.explicit)
@@ -266,7 +267,8 @@ def _entry(
         if call.shape_env is None and route.deps.runs_backend_fallback():
             raise _BypassDispatchCache(_reasons.BACKEND_FALLBACK)
     synth = state.synth
-    synth.transient = True  # See Note [One synthesis for hits and their verification]
+    captured: list[object] = []
+    synth.captured = captured  # See Note [One synthesis for hits and their verification]
     try:
         entry = mode._make_cache_entry(call.key_state, call.key, func, call.args, call.kwargs, output)  # type: ignore[arg-type]
     except _BypassDispatchCache:
@@ -276,8 +278,14 @@ def _entry(
         # bypass keeps from it); a dispatch never fails where stock's would not.
         raise _BypassDispatchCache(_reasons.not_described(e)) from None
     finally:
-        synth.transient = False
-    return entry if in_torch_storage else stub_symint_output(entry, call.key_state, call.key)
+        synth.captured = None
+    if not in_torch_storage:
+        entry = stub_symint_output(entry, call.key_state, call.key)
+    # An override of _output_from_cache_entry (a subclass's, or one patched on the class or the mode) may build hits
+    # otherwise than the outputs captured: the verification then calls it (Note [One synthesis for hits and their
+    # verification]).
+    own = type(mode)._output_from_cache_entry is state.own_synthesis and "_output_from_cache_entry" not in vars(mode)
+    return entry, from_captured(entry, captured, call.args) if own else TORCH_PATH
 
 
 def _verify(
@@ -286,6 +294,7 @@ def _verify(
     call: _Call,
     entry: _DispatchCacheValidEntry,
     output: object,
+    rebuilt: object,
     snapshot: InputSnapshot | None,
     frame: Frame,
     env_before: tuple[object, ...] | None,
@@ -303,7 +312,10 @@ def _verify(
         if env_before is not None and env is not None and shape_env_state(env, symbols_only=call.shape_env is not None) != env_before:
             return _reasons.SHAPE_ENV_CHANGED
         fields = STORAGE_FIELDS if route.kind is STOCK else ALL_FIELDS
-        verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output, fields)  # type: ignore[arg-type]
+        if rebuilt is TORCH_PATH:
+            verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output, fields)  # type: ignore[arg-type]
+        else:
+            verify_entry(mode, call.key_state, entry, call.key, route.func, call.args, call.kwargs, output, fields, rebuilt)  # type: ignore[arg-type]
     except _BypassDispatchCache as e:
         return e.reason
     return None

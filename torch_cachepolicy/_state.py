@@ -31,13 +31,16 @@ class CacheState:
             made for, its partition of the store, the route per op.
         contexts: the context values each op has met (:meth:`check_context`).
         frames: the misses being computed; ``synth`` builds hits' outputs.
+        own_synthesis: the package's ``_output_from_cache_entry``, which builds hits with ``synth`` alone: while the
+            mode's is this one, a miss verifies with the outputs torch's entry builder had it build.
     """
 
-    __slots__ = ("contexts", "frames", "isolated", "key_stats", "owns_store", "partition", "policy", "private_ops",
-                 "routes", "stats", "store", "synced_identity", "synth")  # fmt: skip
+    __slots__ = ("contexts", "frames", "isolated", "key_stats", "own_synthesis", "owns_store", "partition", "policy",
+                 "private_ops", "routes", "stats", "store", "synced_identity", "synth")  # fmt: skip
 
-    def __init__(self, policy: CachePolicy, store: CacheStore | None) -> None:
+    def __init__(self, policy: CachePolicy, store: CacheStore | None, own_synthesis: object = None) -> None:
         self.policy = policy
+        self.own_synthesis = own_synthesis
         # A store the mode made is private to it; one passed in is shared
         # (Note [Copying a policy mode]).
         self.owns_store = store is None
@@ -126,6 +129,7 @@ class CacheState:
     def _copy(self, policy: CachePolicy, store: CacheStore, memo: dict[int, Any] | None) -> CacheState:
         clone = CacheState.__new__(CacheState)
         clone.policy = policy
+        clone.own_synthesis = self.own_synthesis
         clone.owns_store = self.owns_store
         clone.store = store
         clone.isolated = self.isolated

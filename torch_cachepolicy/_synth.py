@@ -347,6 +347,25 @@ def stub_symint_output(
     return dataclasses.replace(entry, output_infos=(dataclasses.replace(info, constant_value=stub),))
 
 
+def from_captured(entry: _DispatchCacheValidEntry, captured: list[object], args: Sequence[object]) -> Any:
+    """The output a hit of ``entry`` gives, from the outputs torch's entry builder had built for its tensors
+    (Note [One synthesis for hits and their verification]); :data:`TORCH_PATH` if they do not make it up."""
+    built = iter(captured)
+    outputs: list[object] = []
+    for info in entry.output_infos:
+        if info.inplace_idx is not None:
+            outputs.append(args[info.inplace_idx])
+        elif info.metadata is not None:
+            outputs.append(next(built, TORCH_PATH))
+        elif type(info.constant_value) is _SymIntOutputStub:
+            return TORCH_PATH  # a hit extracts this call's SymInt
+        else:
+            outputs.append(info.constant_value)
+    if next(built, None) is not None or any(o is TORCH_PATH for o in outputs):
+        return TORCH_PATH
+    return tuple(outputs) if entry.is_output_tuple else outputs[0]
+
+
 _MAX_PLANS = 4096
 
 
@@ -357,18 +376,40 @@ class Synthesizer:
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # Plain entries' hits are built by a Plan, the rest by torch's _output_from_cache_entry. Hits, miss-time
     # verification and crosscheck all call output(): each entry is checked, on its miss, by the function hits use.
-    # torch's _make_cache_entry checks it too, on a copy of the entry it then drops: while it runs (`transient`)
-    # the plan is built for the check and not memoized, so a miss leaves one plan, for the entry it stores.
+    # torch's _make_cache_entry already builds, through the mode, the output a hit would give for each tensor it
+    # stores (to compare dispatch keys), on copies of the entry it then drops: while it runs (`captured` is a list)
+    # those outputs are kept for the miss's verification, which then builds none again (a symbolic output costs
+    # about a millisecond), and their plans are not memoized: an entry's plan is made at its first hit, so a key
+    # that never comes back costs none.
 
-    __slots__ = ("fakes", "plans", "transient")
+    __slots__ = ("captured", "fakes", "plans")
 
     def __init__(self) -> None:
         # id(entry) -> (entry, plan); holding the entry keeps its id from naming another.
         self.plans: dict[int, tuple[object, Plan | None]] = {}
         self.fakes = FakeTensors()
-        self.transient = False
+        self.captured: list[object] | None = None
+
+    @property
+    def transient(self) -> bool:
+        """Whether torch's entry builder is running (its outputs are captured, their plans not kept)."""
+        return self.captured is not None
 
     def output(
+        self,
+        mode: _ft.FakeTensorMode,
+        state: _CacheKeyState,
+        entry: _DispatchCacheValidEntry,
+        key: _DispatchCacheKey,
+        args: Sequence[object],
+    ) -> Any:
+        """The output of a hit on ``entry`` for this call (whose op is ``key``'s first item), made for ``mode``."""
+        output = self._build(mode, state, entry, key, args)
+        if self.captured is not None:
+            self.captured.append(output)
+        return output
+
+    def _build(
         self,
         mode: _ft.FakeTensorMode,
         state: _CacheKeyState,
@@ -382,7 +423,7 @@ class Synthesizer:
         planned = self.plans.get(id(entry))
         if planned is None or planned[0] is not entry:
             planned = (entry, output_plan(entry))
-            if not self.transient:
+            if self.captured is None:
                 # Bounded: torch's storage may drop entries whose plans we keep.
                 if len(self.plans) >= _MAX_PLANS:
                     self.plans.clear()

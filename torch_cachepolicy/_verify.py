@@ -347,19 +347,23 @@ def check_backend_output(state: _CacheKeyState, func: OpOverload, args: Sequence
                 raise _BypassDispatchCache(_reasons.UNDECLARED_ALIAS)
 
 
+_NOT_BUILT = object()
+
+
 def verify_entry(
     mode: _ft.FakeTensorMode, state: _CacheKeyState, entry: Any, key: Any, func: OpOverload, args: Sequence[object],
-    kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS,
+    kwargs: Mapping[str, object], output: object, fields: Fields = ALL_FIELDS, rebuilt: object = _NOT_BUILT,
 ) -> None:
-    """Bypasses unless a hit built from ``entry`` equals ``output`` in ``fields`` and aliasing (Note [Verify every
-    entry on the miss that creates it])."""
-    try:
-        # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
-        rebuilt = output_from_entry(mode._output_from_cache_entry, state, entry, key, args)
-    except _BypassDispatchCache:
-        raise
-    except Exception as e:
-        raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
+    """Bypasses unless a hit built from ``entry`` (``rebuilt``, if already built as a hit would) equals ``output`` in
+    ``fields`` and aliasing (Note [Verify every entry on the miss that creates it])."""
+    if rebuilt is _NOT_BUILT:
+        try:
+            # Through the mode, as a hit (Note [One synthesis for hits and their verification]).
+            rebuilt = output_from_entry(mode._output_from_cache_entry, state, entry, key, args)
+        except _BypassDispatchCache:
+            raise
+        except Exception as e:
+            raise _BypassDispatchCache(_reasons.not_rebuilt(e)) from None
     diff = first_difference(describe(rebuilt, args, kwargs, fields), describe(output, args, kwargs, fields))
     if diff is not None:
         # "output 1 storage_offset" -> "storage_offset": reasons are counted by name, not per output position.

@@ -86,7 +86,11 @@ class FakeTensorMode(_StockMode):
     ) -> None:
         check_cache_arguments("torch_cachepolicy.FakeTensorMode", cache_policy, cache_store, cache_crosscheck)
         super().__init__(**kwargs)
-        self._cache = CacheState(CachePolicy() if cache_policy is None else cache_policy, cache_store)
+        self._cache = CacheState(
+            CachePolicy() if cache_policy is None else cache_policy,
+            cache_store,
+            own_synthesis=FakeTensorMode._output_from_cache_entry,
+        )
         if cache_crosscheck is not None:
             self.cache_crosscheck_enabled = cache_crosscheck
         track(self)
