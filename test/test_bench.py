@@ -13,7 +13,6 @@ import dataclasses
 import gc
 import io
 import json
-import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -163,24 +162,11 @@ class TestGlobalPatchBaseline(TestCase):
         self.assertFalse(library_utils.is_builtin(op))
 
 
-# What the benchmark's own checks say since a backend key's entry is made on its second sight (Note [An entry on a
-# key's second sight]); the benchmark code predates it and is not this suite's to change. benchmarks/replay/hitcost.py
-# warms each hit-cost case with one call, which leaves a backend key only seen: the first timed policy call is the
-# miss that makes the entry, so the run reports a correctness failure. And benchmarks/replay/targets.py wants the
-# policy's counts equal to global-patch's, which makes its entries on first sight: on dialect the policy misses its
-# two backend keys once more per round and hits them once less (|2| + |2|).
-HIT_COST_WARMUP_FAILURES = [
-    "tosa_bench::conv2d: a policy call in batch 0 was not a hit",
-    "quantized_decomposed::quantize_per_tensor: a policy call in batch 0 was not a hit",
-]
-DIALECT_COUNTS_TARGET = "policy's hits, misses and bypasses equal global-patch's on dialect"
-
-
 class TestBenchCommand(TestCase):
     def test_results_json_has_documented_keys(self) -> None:
         """A tiny run writes results.md and a results.json with every documented key."""
         with tempfile.TemporaryDirectory() as out:
-            self.assertEqual(_quiet_main([*TINY_RUN, "--out", out]), EXIT_CORRECTNESS)  # HIT_COST_WARMUP_FAILURES
+            self.assertEqual(_quiet_main([*TINY_RUN, "--out", out]), 0)
             data = json.loads((Path(out) / "results.json").read_text())
             markdown = (Path(out) / "results.md").read_text()
         self.assertLessEqual(set(TOP_LEVEL_KEYS), set(data))
@@ -216,7 +202,7 @@ class TestBenchCommand(TestCase):
             )
             self.assertIn(target["kind"], KINDS)
             self.assertIn(target["status"], STATUSES)
-        self.assertEqual(data["correctness"], {**data["correctness"], "ok": False, "failures": HIT_COST_WARMUP_FAILURES})
+        self.assertTrue(data["correctness"]["ok"], data["correctness"]["failures"])
         self.assertIn("| workload |", markdown)
 
     def test_mismatch_exits_nonzero(self) -> None:
@@ -235,11 +221,12 @@ def _synthetic_results(
     names: Sequence[str] = ("qdq", "dialect", "aten-only"),
     policy_stale: int = 0,
     policy_relearnt: int = 0,
+    policy_misses: int = 1,
 ) -> dict[str, Any]:
     """A results document with every time ratio equal to ``ratio`` and the given hit counts (and audit)."""
 
-    def counts(hits: int) -> dict[str, Any]:
-        return {"hits": hits, "misses": 1, "bypasses": 0, "bypass_reasons": {}}
+    def counts(hits: int, misses: int = 1) -> dict[str, Any]:
+        return {"hits": hits, "misses": misses, "bypasses": 0, "bypass_reasons": {}}
 
     def audit(served: int, stale: int, relearnt: int) -> dict[str, Any]:
         return {"served": served, "stale": stale, "correct": served - stale, "relearnt": relearnt}
@@ -247,7 +234,7 @@ def _synthetic_results(
     workload = {
         "ratios": {name: {"median": ratio} for name, _, _ in RATIOS},
         "configs": {
-            "policy": {"counts_per_round": [counts(policy_hits)] * 2},
+            "policy": {"counts_per_round": [counts(policy_hits, policy_misses)] * 2},
             "global-patch": {"counts_per_round": [counts(patch_hits)] * 2},
         },
         "audit": {
@@ -293,16 +280,33 @@ class TestTargetVerdicts(TestCase):
         differ = evaluate_targets(_synthetic_results(settings, ratio=1.0, policy_hits=5, patch_hits=6))
         self.assertEqual({t.status for t in differ if t.name.startswith("policy's hits, misses")}, {"FAIL"})
 
-    @parametrize("policy_hits, relearnt, status", [(5, 0, "PASS"), (6, 0, "PASS"), (4, 1, "PASS"), (4, 0, "FAIL")])
-    def test_symbolic_counts_need_the_patchs_right_hits(self, policy_hits: int, relearnt: int, status: str) -> None:
-        """On symbolic the policy serves every call the patch serves right, but a first call after new knowledge."""
+    @parametrize(
+        "policy_hits, policy_misses, status", [(4, 2, "PASS"), (5, 2, "PASS"), (5, 1, "PASS"), (3, 3, "FAIL"), (4, 1, "FAIL")]
+    )
+    def test_counts_move_second_sights_to_misses(self, policy_hits: int, policy_misses: int, status: str) -> None:
+        """A hit of the patch's may be the policy's second-sight miss (its first sight missed too), and a second
+        sight's inner ops may add hits; any other difference FAILs."""
+        results = _synthetic_results(QUICK, ratio=1.0, policy_hits=policy_hits, patch_hits=5, policy_misses=policy_misses)
+        verdicts = {t.status for t in evaluate_targets(results) if t.name.startswith("policy's hits, misses")}
+        self.assertEqual(verdicts, {status})
+
+    @parametrize(
+        "policy_hits, relearnt, second, status",
+        [(5, 0, 1, "PASS"), (6, 0, 1, "PASS"), (4, 1, 1, "PASS"), (4, 0, 2, "PASS"), (3, 1, 2, "PASS"), (4, 0, 1, "FAIL")],
+    )
+    def test_symbolic_counts_need_the_patchs_right_hits(
+        self, policy_hits: int, relearnt: int, second: int, status: str
+    ) -> None:
+        """On symbolic the policy serves every call the patch serves right, but a first call after new knowledge and
+        a key's second sight (a miss more than the patch's one)."""
         results = _synthetic_results(
-            FULL, ratio=1.0, policy_hits=policy_hits, patch_hits=5, names=("symbolic",), policy_relearnt=relearnt
+            FULL, ratio=1.0, policy_hits=policy_hits, patch_hits=5, names=("symbolic",), policy_relearnt=relearnt,
+            policy_misses=second,
         )
         verdicts = {t.name: t.status for t in evaluate_targets(results)}
         name = (
             "policy serves every call global-patch serves right on symbolic, "
-            "but a node's first call after new ShapeEnv knowledge"
+            "but a node's first call after new ShapeEnv knowledge and a key's second sight"
         )
         self.assertEqual(verdicts[name], status)
         self.assertEqual(verdicts["policy at most 0.75x global-patch on symbolic"], "FAIL")  # ratio 1.0
@@ -315,24 +319,22 @@ class TestTargetVerdicts(TestCase):
 
 
     def test_short_run_prints_no_fail_and_says_why(self) -> None:
-        """A one-round run with --strict judges counts and memory only, fails no timing, and says its timings are indicative."""
+        """A one-round run with --strict judges counts and memory only, exits 0, and says its timings are indicative."""
         with tempfile.TemporaryDirectory() as out:
-            # EXIT_CORRECTNESS, not 0: HIT_COST_WARMUP_FAILURES (it comes before --strict's EXIT_TARGETS).
-            self.assertEqual(_quiet_main([*TINY_RUN, "--strict", "--out", out]), EXIT_CORRECTNESS)
+            self.assertEqual(_quiet_main([*TINY_RUN, "--strict", "--out", out]), 0)
             markdown = (Path(out) / "results.md").read_text()
             data = json.loads((Path(out) / "results.json").read_text())
-        self.assertEqual(re.findall(r"(?m)^FAIL  (.*?):", markdown), [DIALECT_COUNTS_TARGET])
+        self.assertNotRegex(markdown, r"(?m)^FAIL ")
         self.assertIn("INDICATIVE", markdown)
         self.assertIn("Indicative figures", markdown)
         statuses = {t["kind"]: set() for t in data["targets"]}
         for t in data["targets"]:
             statuses[t["kind"]].add(t["status"])
         # qdq is not in the tiny run: its speed-up target is SKIP (not measured).
-        self.assertEqual(statuses, {"timing": {"INDICATIVE", "SKIP"}, "counts": {"PASS", "FAIL"}, "memory": {"PASS"}})
-        self.assertEqual([t["value"] for t in data["targets"] if t["name"] == DIALECT_COUNTS_TARGET], [4])
+        self.assertEqual(statuses, {"timing": {"INDICATIVE", "SKIP"}, "counts": {"PASS"}, "memory": {"PASS"}})
         self.assertExpectedInline(
             markdown.rstrip().splitlines()[-1],
-            """Summary: 6 targets judged: 5 PASS, 1 FAIL; 10 timing targets indicative only (too few rounds to judge); 1 not measured; correctness FAILED.""",
+            """Summary: 6 targets judged: 6 PASS, 0 FAIL; 10 timing targets indicative only (too few rounds to judge); 1 not measured; correctness ok.""",
         )
 
     def test_strict_fails_on_a_judged_target(self) -> None:

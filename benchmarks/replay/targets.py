@@ -99,14 +99,24 @@ def _ratio(workloads: Mapping[str, Any], workload: str, ratio: str) -> float | N
     return None if entry is None else float(entry["median"])
 
 
-def _outcome_difference(workload: Mapping[str, Any], a: str, b: str) -> float | None:
-    """Sum over rounds of |hits|, |misses| and |bypasses| differences between two configurations."""
+def _second_sights(policy: Mapping[str, int], patch: Mapping[str, int]) -> int:
+    """The misses the policy makes where the patch hits: a backend key's entry is made on its second sight (Note [An
+    entry on a key's second sight]), the patch's on its first."""
+    return policy["misses"] - patch["misses"]
+
+
+def _second_sight_difference(workload: Mapping[str, Any]) -> float | None:
+    """Sum over rounds of how far the policy's outcomes are from the patch's but for second sights: the same
+    bypasses; ``k`` more misses, each after a first sight that missed too (so at most half the policy's); and no
+    hit lost but those ``k`` (a second sight's kernel may dispatch inner ops that hit)."""
     configs = workload.get("configs", {})
-    if a not in configs or b not in configs:
+    if not {"policy", "global-patch"} <= configs.keys():
         return None
     diff = 0
-    for ca, cb in zip(configs[a]["counts_per_round"], configs[b]["counts_per_round"], strict=True):
-        diff += sum(abs(ca[k] - cb[k]) for k in ("hits", "misses", "bypasses"))
+    for p, g in zip(configs["policy"]["counts_per_round"], configs["global-patch"]["counts_per_round"], strict=True):
+        k = _second_sights(p, g)
+        diff += abs(p["bypasses"] - g["bypasses"]) + max(0, -k) + max(0, 2 * k - p["misses"])
+        diff += max(0, g["hits"] - p["hits"] - k)
     return float(diff)
 
 
@@ -120,9 +130,12 @@ def _served_shortfall(workload: Mapping[str, Any]) -> float | None:
     patch = _audited(workload, "global-patch", "correct")
     served = _audited(workload, "policy", "correct")
     relearnt = _audited(workload, "policy", "relearnt")
-    if patch is None or served is None or relearnt is None:
+    configs = workload.get("configs", {})
+    if patch is None or served is None or relearnt is None or not {"policy", "global-patch"} <= configs.keys():
         return None
-    return float(max(0, patch - served - relearnt))
+    # The audit replays one series, as a timed round does: a round's second sights are its allowance.
+    second = max(0, _second_sights(configs["policy"]["counts_per_round"][0], configs["global-patch"]["counts_per_round"][0]))
+    return float(max(0, patch - served - relearnt - second))
 
 
 def evaluate_targets(results: Mapping[str, Any]) -> list[Target]:
@@ -237,26 +250,27 @@ def evaluate_targets(results: Mapping[str, Any]) -> list[Target]:
             targets.append(
                 _check(
                     "policy serves every call global-patch serves right on symbolic, "
-                    "but a node's first call after new ShapeEnv knowledge",
+                    "but a node's first call after new ShapeEnv knowledge and a key's second sight",
                     "counts",
-                    "max(0, audit['global-patch'].correct - audit.policy.correct - audit.policy.relearnt) "
-                    "in workloads.symbolic",
+                    "max(0, audit['global-patch'].correct - audit.policy.correct - audit.policy.relearnt "
+                    "- a round's second sights) in workloads.symbolic",
                     "==",
                     0,
                     _served_shortfall(workload),
                 )
             )
             continue
-        # The baseline caches every backend op; equal outcomes mean the policy
+        # The baseline caches every backend op; equal outcomes (but for each key's second sight) mean the policy
         # caches exactly what it does, without touching torch's globals.
         targets.append(
             _check(
-                f"policy's hits, misses and bypasses equal global-patch's on {name}",
+                f"policy's hits, misses and bypasses equal global-patch's on {name}, one hit per backend key a miss",
                 "counts",
-                f"sum over rounds of |policy - global-patch| in workloads.{name}.configs[*].counts_per_round",
+                f"sum over rounds of the differences but for second sights in workloads.{name}"
+                ".configs[*].counts_per_round",
                 "==",
                 0,
-                _outcome_difference(workload, "policy", "global-patch"),
+                _second_sight_difference(workload),
             )
         )
     memory = results.get("memory") or {}
