@@ -668,6 +668,38 @@ def units(text: str) -> list[str]:
     return found
 
 
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+class TestPerformanceRecords(TestCase):
+    """docs/performance.md's measured figures are the committed runs' (benchmarks/results/)."""
+
+    def test_first_pass_table_is_the_recorded_runs(self) -> None:
+        """Each row of the first-pass table equals its file's medians (policy+qdq), rounds included."""
+        import json
+
+        text = (ROOT / "docs" / "performance.md").read_text()
+        rows = re.findall(r"^\| [^|]*\(`([\w-]+\.json)`[^|]*\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+        self.assertEqual(len(rows), 6)
+        for name, rounds, *figures in rows:
+            run = json.loads((RESULTS / "first-pass" / name).read_text())
+            stock, patch = run["ratio_to_stock_median"]["policy+qdq"], run["ratio_to_global_patch_median"]["policy+qdq"]
+            expected = [stock[0], stock[1], stock[2], patch[2]]
+            self.assertEqual((int(rounds), [float(f) for f in figures]), (run["rounds"], [round(x, 3) for x in expected]))
+
+    def test_misscost_figures_are_the_recorded_runs(self) -> None:
+        """The per-sight ratios the page quotes are misscost.json's and misscost-se.json's."""
+        import json
+
+        text = squash((ROOT / "docs" / "performance.md").read_text())
+        for name in ("misscost.json", "misscost-se.json"):
+            ratios = json.loads((RESULTS / "first-pass" / name).read_text())["policy_over_stock_median"]
+            for ratio in ratios:
+                self.assertIn(f"{ratio:.3f}", text, name)
+        for name in ("misscost-profile-2cbaac0.txt", "misscost-profile-after.txt"):
+            self.assertIn("cumtime", (RESULTS / "first-pass" / name).read_text())
+
+
 class TestStatementList(TestCase):
     def test_sections_are_the_docs(self) -> None:
         """test/doc_statements.md has one section per doc: README.md and every docs/*.md, nothing else."""
