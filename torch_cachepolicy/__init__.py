@@ -10,7 +10,12 @@ Example::
     print(mode.cache_report())
 """
 
-from torch_cachepolicy._compat import check_torch_internals
+from torch_cachepolicy._compat import (
+    TorchDriftWarning,
+    UnlistedKernelSourceWarning,
+    UntestedTorchWarning,
+    check_torch_internals,
+)
 
 check_torch_internals()
 
@@ -33,6 +38,9 @@ __all__ = [
     "FakeTensorMode",
     "KeyStats",
     "OpReport",
+    "TorchDriftWarning",
+    "UnlistedKernelSourceWarning",
+    "UntestedTorchWarning",
     "adopt",
     "export",
 ]
