@@ -687,6 +687,17 @@ class TestPerformanceRecords(TestCase):
             expected = [stock[0], stock[1], stock[2], patch[2]]
             self.assertEqual((int(rounds), [float(f) for f in figures]), (run["rounds"], [round(x, 3) for x in expected]))
 
+    def test_executorch_table_is_the_recorded_run(self) -> None:
+        """Each flow's row holds executorch-tiny.json's CPU medians of per-round ratios."""
+        import json
+
+        text = (ROOT / "docs" / "performance.md").read_text()
+        flows = json.loads((RESULTS / "executorch" / "executorch-tiny.json").read_text())["flows"]
+        for flow, run in flows.items():
+            ratios = run["ratios"]
+            figures = [ratios[r]["cpu"]["median"] for r in ("policy/stock", "global-patch/stock", "policy/global-patch")]
+            self.assertIn(f"| {flow} | " + " | ".join(f"{x:.3f}" for x in figures) + " |", text)
+
     def test_misscost_figures_are_the_recorded_runs(self) -> None:
         """The per-sight ratios the page quotes are misscost.json's and misscost-se.json's."""
         import json
