@@ -94,11 +94,9 @@ def cached_dispatch(
         return mode._dispatch_impl(func, types, args, kwargs)
 
     entry = table.get(key)
-    if entry is None:
-        if kind is POLICY:
-            return _first_sight(mode, route, key, table, shape_env, types, args, kwargs)
-        return _miss(mode, state, route, _Call(key_state, key, table, shape_env, types, args, kwargs))
-    if entry is _SEEN:
+    if entry is None and kind is POLICY:
+        return _first_sight(mode, route, key, table, shape_env, types, args, kwargs)
+    if entry is None or entry is _SEEN:
         return _miss(mode, state, route, _Call(key_state, key, table, shape_env, types, args, kwargs))
     if type(entry) is _DispatchCacheBypassEntry:
         log.debug("bypass %s: %s (negative entry)", func, entry.reason)
