@@ -698,6 +698,29 @@ class TestPerformanceRecords(TestCase):
             figures = [ratios[r]["cpu"]["median"] for r in ("policy/stock", "global-patch/stock", "policy/global-patch")]
             self.assertIn(f"| {flow} | " + " | ".join(f"{x:.3f}" for x in figures) + " |", text)
 
+    def test_census_tables_are_the_recorded_run(self) -> None:
+        """performance.md holds entry-kinds.md's table; design.md's totals are its sums and its savings its cells."""
+        import json
+
+        census = RESULTS / "census"
+        performance = (ROOT / "docs" / "performance.md").read_text()
+        table = [line for line in (census / "entry-kinds.md").read_text().splitlines() if line.startswith("| ")]
+        self.assertGreater(len(table), 8)
+        self.assertEqual([line for line in table if line not in performance], [])
+        design = (ROOT / "docs" / "design.md").read_text()
+        totals: dict[str, list[int]] = {}
+        for run in json.loads((census / "entry-kinds.json").read_text())["workloads"].values():
+            for kind in ("aten", "backend", "context", "symbolic"):
+                total = totals.setdefault(kind, [0, 0])
+                total[0] += run["counts"]["created"].get(kind, 0)
+                total[1] += run["counts"]["hits"].get(kind, 0)
+        rows = dict(re.findall(r"^\| (aten|backend|context|symbolic)[^|]* \| ([\d,]+ / [\d,]+) \|", design, re.M))
+        found = {kind: rows.get(kind) for kind in totals}
+        self.assertEqual(found, {kind: f"{c:,} / {h:,}" for kind, (c, h) in totals.items()})
+        cells = "\n".join(table)
+        for saving in re.findall(r"^\| (?:aten|backend|context|symbolic)[^|]* \| [\d,]+ / [\d,]+ \| [^|]*?([\d.]+)%", design, re.M):
+            self.assertIn(f"{saving}% (", cells)
+
     def test_misscost_figures_are_the_recorded_runs(self) -> None:
         """The per-sight ratios the page quotes are misscost.json's and misscost-se.json's."""
         import json
