@@ -274,7 +274,7 @@ def workload(undeclared: bool = False) -> list[Any]:
         except ImportError:  # unpatched torch, or the alternative series
             pass
         else:
-            fake_cache.tokens.clear()
+            fake_cache.declared.clear()
     FakeTensorMode.cache_clear()
     log: list[Any] = []
     for mode in (FakeTensorMode(), FakeTensorMode(shape_env=ShapeEnv())):

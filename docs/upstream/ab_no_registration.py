@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, stock_file: pathlib.Path, tree: pathlib.Path) 
         for k, v in per.items():
             res.setdefault(k, []).append(v)
     use(series)
-    print(f"torch {torch.__version__}; declared ops in the registry: {len(fake_cache.tokens)}; rounds: {args.rounds}")
+    print(f"torch {torch.__version__}; declared ops in the registry: {len(fake_cache.declared)}; rounds: {args.rounds}")
     for k, v in sorted(res.items()):
         print(f"{k[0]:14s} {k[1]:6s} median {statistics.median(v) / 1000:8.2f} us per call")
     for k, v in ratios.items():

@@ -216,9 +216,9 @@ def child(args: argparse.Namespace) -> None:
         ep = torch.export.export(converted, example)
         mode = next(n.meta["val"].fake_mode for n in ep.graph.nodes if isinstance(n.meta.get("val"), ft.FakeTensor))
         if series == "oplevel":
-            declared.update(fake_cache.tokens)
+            declared.update(fake_cache.declared)
             if config != "oplevel":  # the no-registration path
-                fake_cache.tokens.clear()
+                fake_cache.declared.clear()
         else:
             fake_tensor_cache.ENABLED = config == "policy"
         scope: Any = contextlib.nullcontext()
@@ -239,8 +239,8 @@ def child(args: argparse.Namespace) -> None:
             kinds = entry_kinds(mode)
         info = ft.FakeTensorMode.cache_info()
         if series == "oplevel":
-            declared.update(fake_cache.tokens)  # declarations made by lazy imports during the lowering
-            fake_cache.tokens.update(declared)
+            declared.update(fake_cache.declared)  # declarations made by lazy imports during the lowering
+            fake_cache.declared.update(declared)
         else:
             fake_tensor_cache.ENABLED = True
         bypasses = {k: v - info0.bypasses.get(k, 0) for k, v in info.bypasses.items()}
