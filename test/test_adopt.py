@@ -472,8 +472,11 @@ class TestAdoptedPrograms(TestCase):
         decomposed = ep.run_decompositions()
         info = mode.cache_info()
         self.assertGreater(info.hits + info.misses, 0)
-        self.assertGreater(mode.cache_report()[q_per_tensor].hits, 0)
         self.assertIs(detect_fake_mode(placeholder_vals(decomposed.graph_module)), mode)
+        # A backend key hits from its third sight; on torch 2.15 one pass may show each key once.
+        for _ in range(2):
+            ep.run_decompositions()
+        self.assertGreater(mode.cache_report()[q_per_tensor].hits, 0)
 
     def test_run_decompositions_of_a_mutating_op_does_not_ask_the_context(self) -> None:
         """auto_functionalized of another namespace's op caches without asking a hook that raises outside its lowering."""
