@@ -139,7 +139,7 @@ class CacheStore:
             part.clear()
 
     def __len__(self) -> int:
-        """The number of entries, negative ones included, in all partitions."""
+        """The number of entries, negative ones and keys seen once included, in all partitions."""
         return sum(len(t) for p in list(self._partitions.values()) for t in p.all_tables())
 
     def __repr__(self) -> str:
