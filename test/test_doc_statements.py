@@ -686,6 +686,11 @@ class TestPerformanceRecords(TestCase):
             stock, patch = run["ratio_to_stock_median"]["policy+qdq"], run["ratio_to_global_patch_median"]["policy+qdq"]
             expected = [stock[0], stock[1], stock[2], patch[2]]
             self.assertEqual((int(rounds), [float(f) for f in figures]), (run["rounds"], [round(x, 3) for x in expected]))
+        second = {n: json.loads((RESULTS / "first-pass" / n).read_text()) for n, *_ in rows}
+        static = [r["ratio_to_global_patch_median"]["policy+qdq"][1] for r in second.values() if not r["shape_env"]]
+        symbolic = [r["ratio_to_global_patch_median"]["policy+qdq"][1] for r in second.values() if r["shape_env"]]
+        self.assertIn(f"{min(static):.2f}-{max(static):.2f} of the global patch's with static inputs ({symbolic[0]:.2f}",
+                      squash(text))
 
     def test_executorch_table_is_the_recorded_run(self) -> None:
         """Each flow's row holds executorch-tiny.json's CPU medians of per-round ratios."""
