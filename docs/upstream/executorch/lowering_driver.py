@@ -219,6 +219,7 @@ def child(args: argparse.Namespace) -> None:
             declared.update(fake_cache.declared)
             if config != "oplevel":  # the no-registration path
                 fake_cache.declared.clear()
+                fake_cache.namespaces.clear()
         else:
             fake_tensor_cache.ENABLED = config == "policy"
         scope: Any = contextlib.nullcontext()
@@ -241,6 +242,10 @@ def child(args: argparse.Namespace) -> None:
         if series == "oplevel":
             declared.update(fake_cache.declared)  # declarations made by lazy imports during the lowering
             fake_cache.declared.update(declared)
+            fake_cache.namespaces.clear()
+            for qualname in fake_cache.declared:
+                namespace = qualname.split("::")[0]
+                fake_cache.namespaces[namespace] = fake_cache.namespaces.get(namespace, 0) + 1
         else:
             fake_tensor_cache.ENABLED = True
         bypasses = {k: v - info0.bypasses.get(k, 0) for k, v in info.bypasses.items()}
