@@ -69,7 +69,7 @@ SERIES = {
             "torch.ao.quantization.fx._decomposed": "torch/ao/quantization/fx/_decomposed.py",
         },
         # true on the patched side only
-        "marker": "hasattr(sys.modules['torch._subclasses.fake_tensor'], '_declared_op_key')",
+        "marker": "hasattr(sys.modules['torch._subclasses.fake_tensor'], '_cache_context_key')",
     },
     "alternative": {
         "dir": HERE / "alternative-policy",
