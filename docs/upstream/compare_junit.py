@@ -1,4 +1,5 @@
-"""compare_junit.py A.xml B.xml: per-test outcomes (classname::name) of two junit files, their counts, every difference."""
+"""compare_junit.py A.xml B.xml: per-test outcomes (classname::name) of two junit files, their counts, every difference;
+exits 1 if they differ, as diff does."""
 
 import collections
 import sys
@@ -33,3 +34,4 @@ if __name__ == "__main__":
     print(f"{len(diffs)} differences (A -> B)")
     for t, x, y in diffs:
         print(f"  {t}: {x} -> {y}")
+    sys.exit(1 if diffs else 0)

@@ -157,40 +157,8 @@ arm() {
   compare "$RES/arm-stock.xml" "$RES/arm-series.xml"
 }
 
-compare() {  # compare A.xml B.xml: per-test outcomes (id = classname::name), counts, every difference
-  "$PY" - "$1" "$2" <<'PYEOF'
-import collections, sys, xml.etree.ElementTree as ET
-
-ORDER = ["passed", "xfailed", "skipped", "failed", "error"]
-
-
-def outcomes(path):
-    res = {}
-    for tc in ET.parse(path).getroot().iter("testcase"):
-        kinds = {c.tag: c for c in tc}
-        if "failure" in kinds:
-            out = "failed"
-        elif "error" in kinds:
-            out = "error"
-        elif "skipped" in kinds:
-            out = "xfailed" if kinds["skipped"].get("type") == "pytest.xfail" else "skipped"
-        else:
-            out = "passed"
-        tid = f'{tc.get("classname")}::{tc.get("name")}'
-        if tid not in res or ORDER.index(out) > ORDER.index(res[tid]):  # a teardown error adds a testcase
-            res[tid] = out
-    return res
-
-
-a, b = outcomes(sys.argv[1]), outcomes(sys.argv[2])
-for label, path, res in (("A", sys.argv[1], a), ("B", sys.argv[2], b)):
-    print(f"{label} {path}: {len(res)} tests,", dict(sorted(collections.Counter(res.values()).items())))
-diffs = [(t, a.get(t, "missing"), b.get(t, "missing")) for t in sorted(set(a) | set(b)) if a.get(t) != b.get(t)]
-print(f"{len(diffs)} differences (A -> B)")
-for t, x, y in diffs:
-    print(f"  {t}: {x} -> {y}")
-sys.exit(1 if diffs else 0)
-PYEOF
+compare() {  # compare A.xml B.xml: per-test outcomes, counts, every difference (exit 1 if any)
+  "$PY" "$HERE/../compare_junit.py" "$1" "$2"
 }
 
 case "${1:-all}" in
