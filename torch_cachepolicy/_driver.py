@@ -117,7 +117,7 @@ def cached_dispatch(
 # are new (an export's trace, a lowering that retraces once, a compile) would pay it for nothing and cost more than no
 # cache at all. So a backend key's first dispatch only runs the kernel and marks the key seen (_SEEN: nothing is
 # stored that a hit could serve); its second makes the entry, as a first dispatch did before. A key that comes back
-# costs one hit more; one that never does costs a set insertion. Builtin ops keep stock's first-sight entries (their
+# costs one hit more; one that never does costs an input snapshot and its "seen once" mark in the table. Builtin ops keep stock's first-sight entries (their
 # misses verify little: Note [What a hit of an aten entry can get wrong]), and torch's storage holds only torch's.
 #
 # What the first run does to its inputs is compared, though: the second run often gets the very same inputs, on
@@ -142,16 +142,14 @@ def _first_sight(
     kernel changed an input (Note [An entry on a key's second sight])."""
     snapshot = InputSnapshot(args, kwargs)
     output = mode._dispatch_impl(route.func, types, args, kwargs)  # type: ignore[arg-type]
-    if shape_env is not None:
-        key.strip_shape_env()  # entries must not keep a ShapeEnv alive (torch does the same)
     changed = snapshot.changed()
     if changed is None:
-        table[key] = _SEEN
+        _store(key, shape_env, _SEEN, table)
         route.stats.misses += 1
     else:
         reason = _reasons.input_changed(changed)
         log.debug("negative entry for %s: %s (first sight)", route.func, reason)
-        table[key] = _DispatchCacheBypassEntry(reason)
+        _store(key, shape_env, _DispatchCacheBypassEntry(reason), table)
         route.stats.bypass(reason)
     return output
 
@@ -234,7 +232,7 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
         log.debug("bypass %s: %s (entry builder)", route.func, e.reason)
         route.stats.bypass(e.reason)
         if not in_torch_storage:
-            _store(call, _DispatchCacheBypassEntry(e.reason), call.table)
+            _store(call.key, call.shape_env, _DispatchCacheBypassEntry(e.reason), call.table)
         return output
     reason = _verify(mode, route, call, entry, output, rebuilt, snapshot, frame, env_before)
     if reason is None:
@@ -249,7 +247,7 @@ def _miss(mode: FakeTensorMode, state: CacheState, route: Route, call: _Call) ->
         # entries now stay in our store (Note [Entries that must reproduce aliasing]).
         state.keep_private(route.func)
         table = state.partition.table(_STOCK_TABLE, call.shape_env)
-    _store(call, entry, table)
+    _store(call.key, call.shape_env, entry, table)
     return output
 
 
@@ -319,8 +317,8 @@ def _verify(
     return None
 
 
-def _store(call: _Call, entry: _Entry, table: Table | dict[_DispatchCacheKey, Any]) -> None:
-    if call.shape_env is not None:
+def _store(key: _DispatchCacheKey, shape_env: ShapeEnv | None, entry: _Entry, table: Table | dict[Any, Any]) -> None:
+    if shape_env is not None:
         # Entries must not keep a ShapeEnv alive (torch does the same).
-        call.key.strip_shape_env()
-    table[call.key] = entry
+        key.strip_shape_env()
+    table[key] = entry

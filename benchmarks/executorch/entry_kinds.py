@@ -149,14 +149,15 @@ def instrument(tally: Tally | None = None, off: str | None = None) -> Iterator[N
             raise _BypassDispatchCache(reason)
         return table_of(state, route, table_key, key_state, shape_env)
 
-    def stored(call: Any, entry: Any, where: Any) -> None:
+    def stored(key: Any, shape_env: Any, entry: Any, where: Any) -> None:
         stack = _calls()
-        if tally is not None and stack:
+        # A key's "seen once" mark is not an entry (Note [An entry on a key's second sight]).
+        if tally is not None and stack and entry is not _driver._SEEN:
             current = stack[-1]
             counter = tally.negative if isinstance(entry, _DispatchCacheBypassEntry) else tally.created
             for kind in _kinds(current.state.route(current.func), current.shape_env):
                 counter[kind] += 1
-        store(call, entry, where)
+        store(key, shape_env, entry, where)
 
     def routed(policy: Any, func: Any, stats: Any, private: bool) -> tuple[Any, bool]:
         route, memoized = route_for(policy, func, stats, private)
